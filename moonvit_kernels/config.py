@@ -1,0 +1,200 @@
+"""`VisionConfig`: the HF `vision_config` of Kimi K3's vision tower (MoonViT-V2).
+
+Field names are exactly the keys of `config.json -> vision_config`, so a real
+checkpoint's config loads with `VisionConfig.from_json(path)`. Values that the
+implementation does not support (biases, other norms, other mergers) are
+rejected when the config is built, not discovered deep inside a kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+FP32_EPS = 1.1920929e-07
+
+# The RoPE grid limit and theta are hard-coded in the reference source, not in config.json.
+ROPE_MAX_SIDE = 512
+ROPE_THETA = 10000.0
+
+SUPPORTED = {
+    "norm_type": ("rmsnorm",),
+    "merge_type": ("sd2_tpool",),
+    "mm_projector_type": ("patchmergerv2",),
+    "pos_emb_interpolation_mode": ("bilinear", "bicubic"),
+    "pos_emb_type": ("divided_fixed",),
+    "mlp_type": ("mlp2",),
+    "activation_func": ("gelu_pytorch_tanh",),
+    "projector_hidden_act": ("gelu",),
+}
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """Hyper-parameters of the vision tower and its projector (HF `vision_config` keys)."""
+
+    patch_size: int = 14
+    init_pos_emb_height: int = 64
+    init_pos_emb_width: int = 64
+    init_pos_emb_time: int = 4
+    pos_emb_type: str = "divided_fixed"
+    pos_emb_interpolation_mode: str = "bilinear"
+    vt_hidden_size: int = 1024
+    vt_num_attention_heads: int = 12
+    qkv_hidden_size: int = 1536
+    vt_intermediate_size: int = 4096
+    vt_num_hidden_layers: int = 27
+    norm_type: str = "rmsnorm"
+    attn_bias: bool = False
+    linear_bias: bool = False
+    patch_embed_proj_bias: bool = False
+    mlp_type: str = "mlp2"
+    activation_func: str = "gelu_pytorch_tanh"
+    merge_kernel_size: tuple[int, int] = (2, 2)
+    merge_type: str = "sd2_tpool"
+    mm_projector_type: str = "patchmergerv2"
+    mm_hidden_size: int = 1024
+    projector_hidden_act: str = "gelu"
+    projector_ln_eps: float = 1e-5
+    text_hidden_size: int = 7168
+    vit_norm_eps: float = FP32_EPS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "merge_kernel_size", tuple(int(k) for k in self.merge_kernel_size))
+        self.validate()
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def head_dim(self) -> int:
+        """Per-head width `hd = qkv_hidden_size // vt_num_attention_heads`."""
+        return self.qkv_hidden_size // self.vt_num_attention_heads
+
+    @property
+    def merged_hidden_size(self) -> int:
+        """Width of one merged token fed to the projector: `kh·kw·D`."""
+        kh, kw = self.merge_kernel_size
+        return kh * kw * self.vt_hidden_size
+
+    @property
+    def patch_dim(self) -> int:
+        """Flattened patch length `3·p·p` (order c, ky, kx)."""
+        return 3 * self.patch_size * self.patch_size
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Raise ValueError naming the first inconsistent or unsupported value."""
+        for key, allowed in SUPPORTED.items():
+            value = getattr(self, key)
+            if value not in allowed:
+                raise ValueError(f"unsupported {key}={value!r}; supported: {', '.join(allowed)}")
+        for key in ("attn_bias", "linear_bias", "patch_embed_proj_bias"):
+            if getattr(self, key):
+                raise ValueError(f"{key}=True is not supported: the K3 vision tower has no biases")
+        positive = (
+            "patch_size",
+            "init_pos_emb_height",
+            "init_pos_emb_width",
+            "init_pos_emb_time",
+            "vt_hidden_size",
+            "vt_num_attention_heads",
+            "qkv_hidden_size",
+            "vt_intermediate_size",
+            "text_hidden_size",
+            "mm_hidden_size",
+        )
+        for key in positive:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        if not isinstance(self.vt_num_hidden_layers, int) or self.vt_num_hidden_layers < 0:
+            raise ValueError(f"vt_num_hidden_layers must be an integer >= 0, got {self.vt_num_hidden_layers!r}")
+        if len(self.merge_kernel_size) != 2 or min(self.merge_kernel_size) <= 0:
+            raise ValueError(f"merge_kernel_size must be two positive integers, got {self.merge_kernel_size!r}")
+        if self.qkv_hidden_size % self.vt_num_attention_heads:
+            raise ValueError(
+                f"qkv_hidden_size={self.qkv_hidden_size} is not divisible by "
+                f"vt_num_attention_heads={self.vt_num_attention_heads}"
+            )
+        if self.head_dim % 4:
+            raise ValueError(
+                f"head_dim={self.head_dim} must be a multiple of 4 for the 2D RoPE (width and height pairs)"
+            )
+        if self.vt_hidden_size % 2:
+            raise ValueError(f"vt_hidden_size={self.vt_hidden_size} must be even for the sin/cos time embedding")
+        if self.mm_hidden_size != self.vt_hidden_size:
+            raise ValueError(
+                f"mm_hidden_size={self.mm_hidden_size} must equal vt_hidden_size={self.vt_hidden_size}: "
+                "the projector reads merged encoder tokens"
+            )
+        for key in ("projector_ln_eps", "vit_norm_eps"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{key} must be a positive number, got {value!r}")
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> VisionConfig:
+        """Build from a `vision_config` dict or a whole `config.json` dict holding one.
+
+        Unknown keys are ignored (HF configs carry many); inconsistent values raise ValueError.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"expected a dict, got {type(d).__name__}")
+        if "vision_config" in d:
+            d = d["vision_config"]
+            if not isinstance(d, dict):
+                raise ValueError("config 'vision_config' entry is not a dict")
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not names & d.keys():
+            raise ValueError("dict holds no vision_config keys (expected e.g. 'vt_hidden_size', 'patch_size')")
+        kwargs = {k: v for k, v in d.items() if k in names}
+        if "merge_kernel_size" in kwargs:
+            kwargs["merge_kernel_size"] = tuple(kwargs["merge_kernel_size"])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> VisionConfig:
+        """Read `config.json` (whole model config or a bare vision_config)."""
+        with open(path, encoding="utf-8") as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as a JSON-ready `vision_config` dict."""
+        d = dataclasses.asdict(self)
+        d["merge_kernel_size"] = list(self.merge_kernel_size)
+        return d
+
+    def replace(self, **changes: Any) -> VisionConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def k3(cls) -> VisionConfig:
+        """The real Kimi K3 vision_config (SPEC.md)."""
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> VisionConfig:
+        """A small config for the CUDA simulator with every structural feature of K3:
+        qkv width != hidden (non-square wo), head_dim a multiple of 4 but not a power of 2,
+        a position grid that needs interpolation, a text width unlike the others."""
+        return cls(
+            patch_size=4,
+            init_pos_emb_height=6,
+            init_pos_emb_width=6,
+            init_pos_emb_time=4,
+            vt_hidden_size=32,
+            vt_num_attention_heads=2,
+            qkv_hidden_size=48,
+            vt_intermediate_size=64,
+            vt_num_hidden_layers=2,
+            mm_hidden_size=32,
+            text_hidden_size=40,
+        )

@@ -1,0 +1,326 @@
+"""Checkpoint I/O in the real K3 tensor names: safetensors read/write (bf16 included), checks, random weights.
+
+A weights object is a plain `dict[str, np.ndarray]` keyed by the checkpoint names of SPEC.md
+(`vision_tower.…`, `mm_projector.…`) with the checkpoint shapes, loaded as float32.
+
+The safetensors format is read here directly (8-byte little-endian header length, a JSON header
+of `{name: {dtype, shape, data_offsets}}`, then raw little-endian bytes) so that only the vision
+tensors' bytes are ever read: a real K3 file also holds a text decoder of hundreds of GB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import VisionConfig
+
+VISION_PREFIXES = ("vision_tower.", "mm_projector.")
+INDEX_NAME = "model.safetensors.index.json"
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+# safetensors dtype tag -> (numpy dtype of the stored bytes, how to get float32)
+_STORED = {
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "F64": np.dtype("<f8"),
+    "BF16": np.dtype("<u2"),
+}
+_SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+# ============================================================================ names and shapes
+def expected_shapes(config: VisionConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the tower + projector needs, name -> shape (SPEC.md's table)."""
+    D, Q, I = config.vt_hidden_size, config.qkv_hidden_size, config.vt_intermediate_size
+    p, K, T = config.patch_size, config.merged_hidden_size, config.text_hidden_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "vision_tower.patch_embed.proj.weight": (D, 3, p, p),
+        "vision_tower.patch_embed.pos_emb.weight": (config.init_pos_emb_height, config.init_pos_emb_width, D),
+    }
+    for i in range(config.vt_num_hidden_layers):
+        b = f"vision_tower.encoder.blocks.{i}."
+        shapes[b + "norm0.weight"] = (D,)
+        shapes[b + "wqkv.weight"] = (3 * Q, D)
+        shapes[b + "wo.weight"] = (D, Q)
+        shapes[b + "norm1.weight"] = (D,)
+        shapes[b + "mlp.fc0.weight"] = (I, D)
+        shapes[b + "mlp.fc1.weight"] = (D, I)
+    shapes["vision_tower.encoder.final_layernorm.weight"] = (D,)
+    shapes["mm_projector.proj.0.weight"] = (K, K)
+    shapes["mm_projector.proj.2.weight"] = (T, K)
+    shapes["mm_projector.post_norm.weight"] = (T,)
+    return shapes
+
+
+def parameter_count(config: VisionConfig) -> dict[str, int]:
+    """Parameters of the tower, the projector and both together."""
+    shapes = expected_shapes(config)
+    tower = sum(int(np.prod(s)) for k, s in shapes.items() if k.startswith("vision_tower."))
+    proj = sum(int(np.prod(s)) for k, s in shapes.items() if k.startswith("mm_projector."))
+    return {"vision_tower": tower, "mm_projector": proj, "total": tower + proj}
+
+
+def is_vision_key(name: str) -> bool:
+    """True for tensors of the vision tower or the projector."""
+    return name.startswith(VISION_PREFIXES)
+
+
+def check_weights(weights: Mapping[str, Any], config: VisionConfig) -> None:
+    """Raise if a tensor is missing (KeyError), mis-shaped, not floating, or an unexpected
+    vision tensor is present (ValueError) — each message names the key and the shapes."""
+    if not isinstance(weights, Mapping):
+        raise ValueError(f"weights must be a mapping of checkpoint names to arrays, got {type(weights).__name__}")
+    shapes = expected_shapes(config)
+    missing = [k for k in shapes if k not in weights]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise KeyError(f"missing tensor {missing[0]!r}{more}")
+    for name, shape in shapes.items():
+        got = tuple(np.shape(weights[name]))
+        if got != shape:
+            raise ValueError(f"tensor {name!r} has shape {got}, expected {shape}")
+        dt = getattr(weights[name], "dtype", None)
+        if dt is None or not np.issubdtype(np.dtype(dt), np.floating):
+            raise ValueError(f"tensor {name!r} has dtype {dt}, expected a floating dtype")
+    extra = sorted(k for k in weights if is_vision_key(k) and k not in shapes)
+    if extra:
+        raise ValueError(
+            f"unexpected vision tensor {extra[0]!r} ({len(extra)} in all): the checkpoint does not match the config "
+            f"(vt_num_hidden_layers={config.vt_num_hidden_layers})"
+        )
+
+
+# ============================================================================ bf16 by bit shifts
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 stored as uint16 -> float32 (exact: bf16 is the top half of an fp32)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16), round to nearest even; NaN stays NaN."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded).astype(np.uint16)
+
+
+# ============================================================================ safetensors reading
+class SafetensorsFile:
+    """The header of one `.safetensors` file, and reads of single tensors from it by seek."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no such checkpoint file: {self.path}") from None
+        with open(self.path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError(f"{self.path}: not a safetensors file (only {len(head)} bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or 8 + n > size:
+                raise ValueError(f"{self.path}: corrupt safetensors header (claims {n} header bytes, file is {size})")
+            raw = f.read(n)
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{self.path}: corrupt safetensors header ({e})") from None
+        if not isinstance(header, dict):
+            raise ValueError(f"{self.path}: corrupt safetensors header (not a JSON object)")
+        self.metadata = header.pop("__metadata__", None) or {}
+        self.data_start = 8 + n
+        self.data_size = size - self.data_start
+        self.entries: dict[str, dict[str, Any]] = header
+        for name, e in header.items():
+            self._check_entry(name, e)
+
+    def _check_entry(self, name: str, e: Any) -> None:
+        try:
+            begin, end = (int(v) for v in e["data_offsets"])
+            shape = [int(s) for s in e["shape"]]
+            dtype = e["dtype"]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{self.path}: corrupt safetensors header entry for {name!r}") from None
+        if not 0 <= begin <= end <= self.data_size:
+            raise ValueError(
+                f"{self.path}: tensor {name!r} lies at bytes {begin}..{end} but the data is {self.data_size} bytes "
+                "(truncated file?)"
+            )
+        if dtype in _STORED and (end - begin) != int(np.prod(shape)) * _STORED[dtype].itemsize:
+            raise ValueError(f"{self.path}: tensor {name!r} has {end - begin} bytes for shape {shape} {dtype}")
+
+    def keys(self) -> list[str]:
+        return list(self.entries)
+
+    def dtype(self, name: str) -> str:
+        return self.entries[name]["dtype"]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.entries[name]["shape"])
+
+    def read(self, name: str) -> np.ndarray:
+        """Read one tensor (only its bytes) and return it as float32."""
+        e = self.entries[name]
+        if e["dtype"] not in _STORED:
+            raise ValueError(f"{self.path}: tensor {name!r} has unsupported dtype {e['dtype']} (need F32/F16/BF16/F64)")
+        begin, end = (int(v) for v in e["data_offsets"])
+        with open(self.path, "rb") as f:
+            f.seek(self.data_start + begin)
+            buf = f.read(end - begin)
+        if len(buf) != end - begin:
+            raise ValueError(f"{self.path}: truncated while reading {name!r}")
+        raw = np.frombuffer(buf, dtype=_STORED[e["dtype"]]).reshape(self.shape(name))
+        if e["dtype"] == "BF16":
+            return bf16_bits_to_float32(raw)
+        return raw.astype(np.float32)
+
+
+def checkpoint_files(path: str | os.PathLike) -> dict[str, Path]:
+    """Map every tensor name of a checkpoint (file, directory, or sharded directory) to its file.
+
+    Names come from the index when there is one, else from the files' headers.
+    """
+    path = Path(path)
+    if path.is_file():
+        return {k: path for k in SafetensorsFile(path).keys()}
+    if not path.is_dir():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    index = path / INDEX_NAME
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index}: not a valid safetensors index ({e})") from None
+        return {k: path / v for k, v in weight_map.items()}
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no .safetensors files and no {INDEX_NAME}")
+    out: dict[str, Path] = {}
+    for f in files:
+        for k in SafetensorsFile(f).keys():
+            out[k] = f
+    return out
+
+
+def load_weights(path: str | os.PathLike, config: VisionConfig | None = None) -> dict[str, np.ndarray]:
+    """Read the vision tower + projector tensors (float32) from a `.safetensors` file or a
+    (sharded) checkpoint directory; other tensors are never read. Checked against `config`
+    (by default the `config.json` beside the weights)."""
+    path = Path(path)
+    if config is None:
+        config = load_config(path)
+    where = checkpoint_files(path)
+    wanted = [k for k in where if is_vision_key(k)]
+    headers: dict[Path, SafetensorsFile] = {}
+    weights: dict[str, np.ndarray] = {}
+    for name in wanted:
+        file = where[name]
+        if file not in headers:
+            headers[file] = SafetensorsFile(file)
+        if name not in headers[file].entries:
+            raise KeyError(f"index names {name!r} in {file.name} but that file does not hold it")
+        weights[name] = headers[file].read(name)
+    check_weights(weights, config)
+    return weights
+
+
+def load_config(path: str | os.PathLike) -> VisionConfig:
+    """The VisionConfig in the `config.json` of a checkpoint directory (or beside a file)."""
+    path = Path(path)
+    cfg = (path if path.is_dir() else path.parent) / "config.json"
+    if not cfg.exists():
+        raise FileNotFoundError(f"no config.json at {cfg}: pass config= explicitly")
+    return VisionConfig.from_json(cfg)
+
+
+def load_checkpoint(path: str | os.PathLike) -> tuple[VisionConfig, dict[str, np.ndarray]]:
+    """`(config, weights)` from a checkpoint directory holding `config.json`."""
+    config = load_config(path)
+    return config, load_weights(path, config)
+
+
+# ============================================================================ writing
+def save_weights(
+    path: str | os.PathLike,
+    weights: Mapping[str, np.ndarray],
+    dtype: str = "bfloat16",
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write `weights` to one `.safetensors` file in `dtype` ("bfloat16", "float16", "float32")."""
+    if dtype not in _SAVE_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_SAVE_DTYPES)}, got {dtype!r}")
+    tag = _SAVE_DTYPES[dtype]
+    header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
+    blobs = []
+    offset = 0
+    for name in sorted(weights):
+        a = np.asarray(weights[name], dtype=np.float32)
+        if tag == "BF16":
+            data = float32_to_bf16_bits(a).astype("<u2").tobytes()
+        else:
+            data = a.astype(_STORED[tag]).tobytes()
+        header[name] = {"dtype": tag, "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for b in blobs:
+            f.write(b)
+
+
+def save_checkpoint(
+    directory: str | os.PathLike,
+    weights: Mapping[str, np.ndarray],
+    config: VisionConfig,
+    dtype: str = "bfloat16",
+    shards: int = 1,
+    extra_tensors: Mapping[str, np.ndarray] | None = None,
+) -> None:
+    """Write `config.json` and the weights (one file, or `shards` files plus an index).
+
+    `extra_tensors` (e.g. stand-ins for a text decoder) are written alongside, as in real files.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps({"vision_config": config.to_dict()}, indent=2) + "\n")
+    everything = {**weights, **(extra_tensors or {})}
+    if shards == 1:
+        save_weights(directory / "model.safetensors", everything, dtype)
+        return
+    names = sorted(everything)
+    groups = [names[i::shards] for i in range(shards)]
+    weight_map = {}
+    for i, group in enumerate(groups):
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_weights(directory / fname, {k: everything[k] for k in group}, dtype)
+        weight_map.update(dict.fromkeys(group, fname))
+    (directory / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2) + "\n")
+
+
+# ============================================================================ random weights
+def random_weights(config: VisionConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float32 weights in checkpoint names and shapes, scaled so mistakes stay visible:
+    linear layers ~ N(0, 1/fan_in), norm weights 1 + 0.25·N(0, 1) (never all ones), position
+    embeddings ~ N(0, 0.5²) (comparable to the patch tokens, not tiny)."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, shape in expected_shapes(config).items():
+        if len(shape) == 1:
+            a = 1.0 + 0.25 * rng.standard_normal(shape)
+        elif name.endswith("pos_emb.weight"):
+            a = 0.5 * rng.standard_normal(shape)
+        else:
+            fan_in = int(np.prod(shape[1:]))
+            a = rng.standard_normal(shape) / np.sqrt(fan_in)
+        out[name] = a.astype(np.float32)
+    return out
