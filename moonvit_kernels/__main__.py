@@ -1,0 +1,8 @@
+"""`python -m moonvit_kernels …` — see moonvit_kernels.cli."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
