@@ -1,0 +1,88 @@
+"""`MoonViT`: the whole vision tower + projector on a chosen backend.
+
+    model = MoonViT(config, weights, backend="auto")     # "numpy", "numba", "cupy" or "auto"
+    outputs = model(pixel_values, grid_thws)             # list of [n_merged_i, text_hidden]
+
+Backends: "numpy" is the reference (`reference.vision_forward`, CPU); "numba" runs the
+numba.cuda kernels (a GPU, or the CUDA simulator on the CPU); "cupy" runs the CUDA C kernels
+(GPU only). "auto" picks "cupy" when a GPU and CuPy are present, else "numpy".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .config import VisionConfig
+from .device import gpu_available
+from .weights import check_weights
+
+BACKENDS = ("numpy", "numba", "cupy")
+
+
+def cupy_importable() -> bool:
+    try:
+        import cupy  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def resolve_backend(backend: str) -> str:
+    """The concrete backend name for `backend` ("auto" resolved); ValueError for unknown names."""
+    if backend == "auto":
+        return "cupy" if gpu_available() and cupy_importable() else "numpy"
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
+    return backend
+
+
+class NumpyBackend:
+    """The NumPy reference as a backend (CPU, float32 or float64)."""
+
+    name = "numpy"
+
+    def __init__(self, config: VisionConfig, weights: Mapping[str, np.ndarray], dtype: str = "float32"):
+        if dtype not in ("float32", "float64"):
+            raise ValueError(f"the numpy backend computes in float32 or float64, not {dtype!r}")
+        self.config, self.weights, self.dtype = config, weights, np.dtype(dtype)
+
+    def forward(self, pixel_values: Any, grid_thws: Any, return_intermediates: bool = False, as_numpy: bool = True):
+        from .reference import vision_forward
+
+        return vision_forward(
+            pixel_values, grid_thws, self.weights, self.config, self.dtype, return_intermediates=return_intermediates
+        )
+
+
+class MoonViT:
+    """The K3 vision tower + projector; weights in checkpoint names, uploaded once by device backends."""
+
+    def __init__(self, config: VisionConfig, weights: Mapping[str, np.ndarray], backend: str = "auto", **options: Any):
+        check_weights(weights, config)
+        self.config = config
+        self.backend_name = resolve_backend(backend)
+        if self.backend_name == "numpy":
+            self.backend = NumpyBackend(config, weights, **options)
+        elif self.backend_name == "numba":
+            from .backend_numba import NumbaBackend
+
+            self.backend = NumbaBackend(config, weights, **options)
+        else:
+            if not gpu_available():
+                raise ValueError("backend 'cupy' needs a CUDA GPU and none was found (use 'numpy' or 'numba')")
+            if not cupy_importable():
+                raise ValueError("backend 'cupy' needs CuPy: pip install -e '.[cuda12]' or '.[cuda13]'")
+            from .backend_cupy import CupyBackend
+
+            self.backend = CupyBackend(config, weights, **options)
+
+    def forward(self, pixel_values: Any, grid_thws: Any, return_intermediates: bool = False, as_numpy: bool = False):
+        """Per-item outputs `[n_merged_i, text_hidden]` (and the stage dict with `return_intermediates`)."""
+        return self.backend.forward(
+            pixel_values, grid_thws, return_intermediates=return_intermediates, as_numpy=as_numpy
+        )
+
+    __call__ = forward
