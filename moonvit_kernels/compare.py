@@ -24,7 +24,7 @@ import numpy as np
 BASE_TOLERANCE = {"float64": 1e-10, "float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}
 
 
-def tolerance_for(dtype: str, growth: float = 1.5) -> tuple[float, float]:
+def tolerance_for(dtype: str, growth: float = 1.15) -> tuple[float, float]:
     """`(base, growth)`: stage k may have relative error `base · growth**k`."""
     if dtype not in BASE_TOLERANCE:
         raise ValueError(f"no tolerance for dtype {dtype!r}; known: {', '.join(BASE_TOLERANCE)}")
