@@ -1,0 +1,247 @@
+"""GEMM `C = A·Bᵀ` with a fused epilogue: the patch embedding and every linear layer (SPEC stages 1, 3, 6).
+
+Layout: `A [M, K]` row-major (activations, one token per row), `B [N, K]` row-major (a weight in
+checkpoint layout `[out, in]`, so no transpose is ever materialised), `C [M, N]`. Products are
+accumulated in float32. Every kernel bounds-checks M, N and K, so no size needs to be a tile multiple.
+
+Versions (llm.c style: each keeps the idea of the previous one and changes one thing):
+  v1  naive: one thread per output `C[m, n]`, a K-loop reading A and B from global memory.
+      Threads with consecutive x own consecutive columns n.
+  v2  shared-memory tiling: a TILE x TILE block stages TILE-wide slabs of A and B in shared
+      memory; each staged value is then reused TILE times. Tiles past the matrix edge are filled
+      with zeros so they add nothing. B's tile is read "transposed" (b_tile[tx, kk]); one
+      column of padding (TILE + 1) spreads those reads over distinct shared-memory banks.
+  v3  register blocking: a block owns a BM x BN tile of C and stages BK-deep slabs (stored
+      k-major); each thread computes a TM x TN patch of outputs held in registers. Per k-step a
+      thread loads TM values of A and TN values of B and does TM·TN FMAs, so each shared load
+      feeds several FMAs instead of one.
+
+Epilogues, selected at launch; each (version, epilogue) pair is its own compiled kernel that
+calls one device function, so there is no per-element dispatch:
+  none        C = A·Bᵀ
+  gelu_tanh   C = gelu_tanh(A·Bᵀ)    encoder MLP fc0
+  gelu_erf    C = gelu_erf(A·Bᵀ)     projector proj.0
+  residual    C = A·Bᵀ + R           wo and fc1 (x = x + ...); C may alias R
+
+Every kernel has the signature `(A, B, R, C, M, N, K)`; for epilogues other than `residual`,
+R is never read (launchers pass C in its place).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import cuda, float32
+
+from .launch import check_array, copy_back, device_array, grid_2d, to_device
+
+EPILOGUES = ("none", "gelu_tanh", "gelu_erf", "residual")
+VERSIONS = (1, 2, 3)
+
+# v1 block and v2 tile edge.
+TILE = 16
+# v3: a block computes BM x BN outputs with (BN/TN) x (BM/TM) threads; slabs are BK deep.
+BM, BN, BK = 64, 64, 16
+TM, TN = 4, 4
+V3_THREADS = (BM // TM) * (BN // TN)
+
+SIGNATURE = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32[:, ::1], int32, int32, int32)"
+
+_HALF = np.float32(0.5)
+_ONE = np.float32(1.0)
+_GELU_C = np.float32(math.sqrt(2.0 / math.pi))
+_GELU_CUBIC = np.float32(0.044715)
+_INV_SQRT2 = np.float32(1.0 / math.sqrt(2.0))
+
+
+# ============================================================================ epilogues
+# Ids baked into each specialisation as a compile-time constant: the compiler folds the
+# `if EPILOGUE == ...` chain at the store, so each kernel holds only its own epilogue code.
+# (The chain is written out in each kernel rather than called as a device function: numba-cuda
+# needs a real device to type a device-function call, which would break compile_ptx without a GPU.)
+EPILOGUE_IDS = {name: i for i, name in enumerate(EPILOGUES)}
+NONE, GELU_TANH, GELU_ERF, RESIDUAL = (EPILOGUE_IDS[name] for name in EPILOGUES)
+
+
+# ============================================================================ v1: one thread per output
+def _make_gemm_v1(epilogue: str) -> Any:
+    EPILOGUE = EPILOGUE_IDS[epilogue]
+
+    @cuda.jit
+    def gemm_v1(A, B, R, C, M, N, K):
+        n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        m = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
+        if m < M and n < N:
+            acc = float32(0.0)
+            for k in range(K):
+                acc += A[m, k] * B[n, k]
+            v = acc
+            if EPILOGUE == GELU_TANH:  # 0.5·v·(1 + tanh(√(2/π)·v·(1 + 0.044715·v²)))
+                v = _HALF * v * (_ONE + math.tanh(_GELU_C * (v * (_ONE + _GELU_CUBIC * v * v))))
+            elif EPILOGUE == GELU_ERF:  # 0.5·v·(1 + erf(v/√2))
+                v = _HALF * v * (_ONE + math.erf(v * _INV_SQRT2))
+            elif EPILOGUE == RESIDUAL:
+                v += R[m, n]
+            C[m, n] = v
+
+    return gemm_v1
+
+
+# ============================================================================ v2: shared-memory tiles
+def _make_gemm_v2(epilogue: str) -> Any:
+    EPILOGUE = EPILOGUE_IDS[epilogue]
+    T = TILE
+    T_PADDED = TILE + 1
+
+    @cuda.jit
+    def gemm_v2(A, B, R, C, M, N, K):
+        a_tile = cuda.shared.array((T, T), float32)  # a_tile[r, kk] = A[m0 + r, k0 + kk]
+        b_tile = cuda.shared.array((T, T_PADDED), float32)  # b_tile[r, kk] = B[n0 + r, k0 + kk]
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        m = cuda.blockIdx.y * T + ty
+        n = cuda.blockIdx.x * T + tx
+        n_load = cuda.blockIdx.x * T + ty  # the row of B this thread stages
+        acc = float32(0.0)
+        for k0 in range(0, K, T):
+            k = k0 + tx
+            a_tile[ty, tx] = A[m, k] if (m < M and k < K) else float32(0.0)
+            b_tile[ty, tx] = B[n_load, k] if (n_load < N and k < K) else float32(0.0)
+            cuda.syncthreads()
+            for kk in range(T):
+                acc += a_tile[ty, kk] * b_tile[tx, kk]
+            cuda.syncthreads()
+        if m < M and n < N:
+            v = acc
+            if EPILOGUE == GELU_TANH:  # 0.5·v·(1 + tanh(√(2/π)·v·(1 + 0.044715·v²)))
+                v = _HALF * v * (_ONE + math.tanh(_GELU_C * (v * (_ONE + _GELU_CUBIC * v * v))))
+            elif EPILOGUE == GELU_ERF:  # 0.5·v·(1 + erf(v/√2))
+                v = _HALF * v * (_ONE + math.erf(v * _INV_SQRT2))
+            elif EPILOGUE == RESIDUAL:
+                v += R[m, n]
+            C[m, n] = v
+
+    return gemm_v2
+
+
+# ============================================================================ v3: register blocking
+def _make_gemm_v3(epilogue: str) -> Any:
+    EPILOGUE = EPILOGUE_IDS[epilogue]
+    threads_x = BN // TN  # threads along n; threadIdx.x = tx owns columns tx·TN ... tx·TN + TN-1
+    loads_a = BM * BK // V3_THREADS  # slab elements each thread stages
+    loads_b = BN * BK // V3_THREADS
+
+    @cuda.jit
+    def gemm_v3(A, B, R, C, M, N, K):
+        a_tile = cuda.shared.array((BK, BM), float32)  # k-major: a_tile[kk, i] = A[m0 + i, k0 + kk]
+        b_tile = cuda.shared.array((BK, BN), float32)  # k-major: b_tile[kk, j] = B[n0 + j, k0 + kk]
+        acc = cuda.local.array((TM, TN), float32)
+        a_reg = cuda.local.array(TM, float32)
+        b_reg = cuda.local.array(TN, float32)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * threads_x + tx
+        m0 = cuda.blockIdx.y * BM
+        n0 = cuda.blockIdx.x * BN
+        for i in range(TM):
+            for j in range(TN):
+                acc[i, j] = float32(0.0)
+        for k0 in range(0, K, BK):
+            # Consecutive threads stage consecutive k of one row: contiguous global reads.
+            for s in range(loads_a):
+                e = tid + s * V3_THREADS
+                r = e // BK
+                kk = e % BK
+                m = m0 + r
+                k = k0 + kk
+                a_tile[kk, r] = A[m, k] if (m < M and k < K) else float32(0.0)
+            for s in range(loads_b):
+                e = tid + s * V3_THREADS
+                r = e // BK
+                kk = e % BK
+                n = n0 + r
+                k = k0 + kk
+                b_tile[kk, r] = B[n, k] if (n < N and k < K) else float32(0.0)
+            cuda.syncthreads()
+            for kk in range(BK):
+                for i in range(TM):
+                    a_reg[i] = a_tile[kk, ty * TM + i]
+                for j in range(TN):
+                    b_reg[j] = b_tile[kk, tx * TN + j]
+                for i in range(TM):
+                    for j in range(TN):
+                        acc[i, j] += a_reg[i] * b_reg[j]
+            cuda.syncthreads()
+        for i in range(TM):
+            m = m0 + ty * TM + i
+            for j in range(TN):
+                n = n0 + tx * TN + j
+                if m < M and n < N:
+                    v = acc[i, j]
+                    if EPILOGUE == GELU_TANH:  # 0.5·v·(1 + tanh(√(2/π)·v·(1 + 0.044715·v²)))
+                        v = _HALF * v * (_ONE + math.tanh(_GELU_C * (v * (_ONE + _GELU_CUBIC * v * v))))
+                    elif EPILOGUE == GELU_ERF:  # 0.5·v·(1 + erf(v/√2))
+                        v = _HALF * v * (_ONE + math.erf(v * _INV_SQRT2))
+                    elif EPILOGUE == RESIDUAL:
+                        v += R[m, n]
+                    C[m, n] = v
+
+    return gemm_v3
+
+
+_MAKERS = {1: _make_gemm_v1, 2: _make_gemm_v2, 3: _make_gemm_v3}
+# KERNELS[(version, epilogue)] -> the compiled-on-demand kernel.
+KERNELS = {(v, ep): _MAKERS[v](ep) for v in VERSIONS for ep in EPILOGUES}
+
+COMPILE_SIGNATURES = [(kernel.py_func, SIGNATURE) for kernel in KERNELS.values()]
+
+
+def launch_config(version: int, M: int, N: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """`(blocks, threads)` of a version for an M x N output; x runs over columns."""
+    if version == 3:
+        return grid_2d(M, N, BM, BN), (BN // TN, BM // TM)
+    return grid_2d(M, N, TILE, TILE), (TILE, TILE)
+
+
+# ============================================================================ launcher
+def gemm(
+    a: Any,
+    b: Any,
+    epilogue: str = "none",
+    residual: Any = None,
+    out: Any = None,
+    version: int = 3,
+) -> Any:
+    """`C [M, N] = epilogue(A [M, K] · B [N, K]ᵀ)`, float32, row-major; returns the device array C.
+
+    `epilogue` is one of `EPILOGUES`; `residual [M, N]` is required for (and only for)
+    `"residual"`, and `out` may be the same array as `residual` (each element of R is read once,
+    by the thread that then writes it). `out` must not overlap `a` or `b`. Arguments may be numba
+    device arrays or NumPy arrays (copied to the device; a NumPy `out` also receives the result).
+    `version` picks the kernel (1 naive, 2 shared tiles, 3 register blocking).
+    """
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue {epilogue!r} is not one of {EPILOGUES}")
+    if version not in VERSIONS:
+        raise ValueError(f"version {version!r} is not one of {VERSIONS}")
+    M, K = check_array("a", a, ndim=2)
+    N, _ = check_array("b", b, shape=(None, K))
+    if epilogue == "residual":
+        if residual is None:
+            raise ValueError("epilogue 'residual' needs a residual array [M, N]")
+        check_array("residual", residual, shape=(M, N))
+    elif residual is not None:
+        raise ValueError(f"residual given but epilogue is {epilogue!r}; use epilogue='residual'")
+    if out is not None:
+        check_array("out", out, shape=(M, N))
+
+    a_d, b_d = to_device(a), to_device(b)
+    c_d = device_array((M, N)) if out is None else to_device(out)
+    r_d = to_device(residual) if (residual is not None and residual is not out) else c_d
+    blocks, threads = launch_config(version, M, N)
+    KERNELS[(version, epilogue)][blocks, threads](a_d, b_d, r_d, c_d, np.int32(M), np.int32(N), np.int32(K))
+    if out is not None:
+        copy_back(out, c_d)
+    return c_d

@@ -1,0 +1,174 @@
+"""Shared launcher checks and helpers for the numba.cuda kernels.
+
+numba validates nothing at launch: a wrong dtype compiles a new specialisation, a wrong shape
+reads out of bounds, a strided view silently computes garbage. Every launcher therefore calls
+`check_array` on each argument first, and `ValueError` names the argument and the problem.
+
+Arrays accepted by launchers: numba device arrays (`numba.cuda.to_device`, `device_array`), or
+host NumPy arrays for convenience, which `to_device` copies to the device (and `copy_back`
+copies an in-place result back into). Launchers always return device arrays.
+
+Also here: grid-size helpers and the int32 tables that describe packed media items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numba import cuda
+from numba.cuda.cudadrv.devicearray import is_cuda_ndarray
+
+# Largest index a kernel computes in int32 without overflow.
+INT32_MAX = 2**31 - 1
+
+
+# ============================================================================ array checks
+def is_device_array(arr: Any) -> bool:
+    """True for a numba device array (also under the CUDA simulator)."""
+    return bool(is_cuda_ndarray(arr))
+
+
+def check_array(
+    name: str,
+    arr: Any,
+    dtype: Any = np.float32,
+    shape: Sequence[int | None] | None = None,
+    ndim: int | None = None,
+    allow_empty: bool = False,
+) -> tuple[int, ...]:
+    """Validate one launcher argument and return its shape.
+
+    `arr` must be a numba device array or a NumPy ndarray, of exactly `dtype`, C-contiguous,
+    with `ndim` dimensions (or `len(shape)`), and matching `shape` where an entry is not None.
+    Empty arrays are rejected unless `allow_empty` (a grid of zero blocks is a launch error).
+    Raises ValueError naming `name`.
+    """
+    if not (is_device_array(arr) or isinstance(arr, np.ndarray)):
+        raise ValueError(f"{name}: expected a numba device array or a NumPy array, got {type(arr).__name__}")
+    dtype = np.dtype(dtype)
+    if np.dtype(arr.dtype) != dtype:
+        raise ValueError(f"{name}: dtype {np.dtype(arr.dtype)} is not {dtype}")
+    got = tuple(int(s) for s in arr.shape)
+    if shape is not None:
+        ndim = len(shape)
+    if ndim is not None and len(got) != ndim:
+        raise ValueError(f"{name}: shape {got} has {len(got)} dimensions, expected {ndim}")
+    if shape is not None:
+        for axis, (g, want) in enumerate(zip(got, shape, strict=True)):
+            if want is not None and g != want:
+                want_str = tuple("?" if s is None else s for s in shape)
+                raise ValueError(f"{name}: shape {got} does not match {want_str} (axis {axis})")
+    if not allow_empty and 0 in got:
+        raise ValueError(f"{name}: shape {got} is empty")
+    if not _is_c_contiguous(arr):
+        raise ValueError(f"{name}: array is not C-contiguous (strides {tuple(arr.strides)}); make a contiguous copy")
+    return got
+
+
+def _is_c_contiguous(arr: Any) -> bool:
+    if isinstance(arr, np.ndarray):
+        return bool(arr.flags.c_contiguous)
+    return bool(arr.is_c_contiguous())
+
+
+def check_positive(name: str, value: Any) -> int:
+    """An integer size argument >= 1, returned as a Python int."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+# ============================================================================ host <-> device
+def to_device(arr: Any) -> Any:
+    """A device array holding `arr`: device arrays pass through unchanged, NumPy arrays are copied."""
+    if is_device_array(arr):
+        return arr
+    return cuda.to_device(np.ascontiguousarray(arr))
+
+
+def device_array(shape: int | Sequence[int], dtype: Any = np.float32) -> Any:
+    """An uninitialised device array (C order)."""
+    return cuda.device_array(shape, dtype=np.dtype(dtype))
+
+
+def copy_back(host: Any, device: Any) -> None:
+    """If `host` is a NumPy array, copy `device` into it (the in-place result of a launcher)."""
+    if isinstance(host, np.ndarray) and not is_device_array(host):
+        device.copy_to_host(host)
+
+
+# ============================================================================ grid sizes
+def ceil_div(n: int, d: int) -> int:
+    """`ceil(n / d)` for positive integers: the number of blocks covering n items."""
+    return -(-int(n) // int(d))
+
+
+def grid_1d(n: int, threads: int) -> tuple[int, int]:
+    """`(blocks, threads)` covering n items with one thread each."""
+    return ceil_div(n, threads), threads
+
+
+def grid_2d(rows: int, cols: int, block_rows: int, block_cols: int) -> tuple[int, int]:
+    """Blocks `(x, y)` covering a rows x cols output: x runs over columns, y over rows."""
+    return ceil_div(cols, block_cols), ceil_div(rows, block_rows)
+
+
+def threads_for(n: int, max_threads: int = 256, min_threads: int = 32) -> int:
+    """A power of two in [min_threads, max_threads], the smallest >= n when possible.
+
+    For one-block-per-row kernels: a row of n elements gets at most one element per thread
+    before the kernel starts striding. Powers of two keep tree reductions simple.
+    """
+    t = min_threads
+    while t < n and t < max_threads:
+        t *= 2
+    return t
+
+
+# ============================================================================ packed media items
+def grid_table(grid_thws: Any) -> np.ndarray:
+    """`grid_thws [N, 3]` rows `(t, h, w)` as a validated int32 host array (all >= 1, L < 2^31)."""
+    g = np.asarray(grid_thws)
+    if g.ndim == 1 and g.shape == (3,):
+        g = g[None]
+    if g.ndim != 2 or g.shape[1] != 3 or g.shape[0] == 0:
+        raise ValueError(f"grid_thws: shape {g.shape} is not [N, 3] with N >= 1")
+    if not np.issubdtype(g.dtype, np.integer):
+        raise ValueError(f"grid_thws: dtype {g.dtype} is not an integer type")
+    if np.any(g < 1):
+        raise ValueError(f"grid_thws: every t, h, w must be >= 1, got {g.tolist()}")
+    total = int(np.sum(np.prod(g.astype(np.int64), axis=1)))
+    if total > INT32_MAX:
+        raise ValueError(f"grid_thws: {total} tokens do not fit int32 indices")
+    return g.astype(np.int32)
+
+
+def cu_seqlens_table(grid_thws: Any) -> np.ndarray:
+    """Token offsets `[0, t0·h0·w0, ...]` of packed items as int32 `[N + 1]`."""
+    g = grid_table(grid_thws).astype(np.int64)
+    return np.concatenate([[0], np.cumsum(np.prod(g, axis=1))]).astype(np.int32)
+
+
+ITEM_T, ITEM_H, ITEM_W, ITEM_TOKEN_OFFSET, ITEM_MERGED_OFFSET = range(5)
+
+
+def item_table(grid_thws: Any, merge_kernel_size: Sequence[int] | None = None) -> np.ndarray:
+    """Per-item int32 table for kernels that map a token (or merged token) to its media item.
+
+    Columns `(t, h, w, token_offset)` -> `[N, 4]`; with `merge_kernel_size (kh, kw)` a fifth
+    column `merged_offset` (first merged token of the item) -> `[N, 5]`, after checking that
+    `h % kh == 0` and `w % kw == 0`.
+    """
+    g = grid_table(grid_thws)
+    cu = cu_seqlens_table(g)
+    cols = [g, cu[:-1, None]]
+    if merge_kernel_size is not None:
+        kh, kw = (check_positive("merge_kernel_size", k) for k in merge_kernel_size)
+        for i, (t, h, w) in enumerate(g.tolist()):
+            if h % kh or w % kw:
+                raise ValueError(f"grid_thws[{i}] = {(t, h, w)}: h must be divisible by {kh} and w by {kw}")
+        merged = (g[:, 1].astype(np.int64) // kh) * (g[:, 2] // kw)
+        cols.append(np.concatenate([[0], np.cumsum(merged)[:-1]])[:, None])
+    return np.ascontiguousarray(np.concatenate(cols, axis=1).astype(np.int32))
