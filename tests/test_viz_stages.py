@@ -1,0 +1,164 @@
+"""The workbook's tables and pictures hold the right numbers (data content, not pixels)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from helpers import assert_close, random_pixels
+
+from moonvit_kernels import reference as ref
+from moonvit_kernels import viz_stages as vs
+from moonvit_kernels.compare import compare_stages
+from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.weights import parameter_count, random_weights
+
+TINY = VisionConfig.tiny()
+GRID = np.array([[1, 4, 6], [3, 2, 2]])
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.fixture(scope="module")
+def tiny_stages():
+    w = random_weights(TINY, 3)
+    pv = random_pixels(GRID, TINY.patch_size, seed=4)
+    _, stages = ref.vision_forward(pv, GRID, w, TINY, return_intermediates=True)
+    return stages
+
+
+def test_stage_shapes_match_the_reference_intermediates(tiny_stages):
+    shapes = {s.name: s.shape for s in vs.stage_shapes(TINY, GRID)}
+    for name, value in tiny_stages.items():
+        key = "layer_i" if name.startswith("layer_") else name
+        assert shapes[key] == value.shape, name
+    L = int(np.prod(GRID, axis=1).sum())
+    assert shapes["pixel_values"] == (L, 3, TINY.patch_size, TINY.patch_size)
+    assert shapes["qkv"] == (L, 3 * TINY.qkv_hidden_size)
+    assert shapes["mlp"] == (L, TINY.vt_intermediate_size)
+
+
+def test_stage_shapes_reject_a_bad_grid():
+    with pytest.raises(ValueError, match="grid_thws"):
+        vs.stage_shapes(TINY, [[1, 0, 4]])
+
+
+def test_plot_architecture_draws_one_box_per_stage():
+    fig = vs.plot_architecture(TINY, GRID)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    for s in vs.stage_shapes(TINY, GRID):
+        assert s.name in texts
+        assert "[" + ", ".join(str(d) for d in s.shape) + "]" in texts
+
+
+@pytest.mark.parametrize("config", [TINY, VisionConfig.k3()], ids=["tiny", "k3"])
+def test_parameter_table_adds_up_to_parameter_count(config):
+    rows = vs.parameter_table(config)
+    counts = parameter_count(config)
+    assert sum(r.count for r in rows) == counts["total"]
+    assert next(r.count for r in rows if r.component == "mm_projector") == counts["mm_projector"]
+    D, Q, I = config.vt_hidden_size, config.qkv_hidden_size, config.vt_intermediate_size
+    per_block = 2 * D + 3 * Q * D + D * Q + 2 * I * D
+    assert next(r.count for r in rows if r.component == "encoder blocks") == config.vt_num_hidden_layers * per_block
+
+
+def test_k3_parameter_total_is_the_spec_number():
+    assert sum(r.count for r in vs.parameter_table(VisionConfig.k3())) == 447_358_976
+
+
+def test_flop_table_for_one_k3_image_is_about_6_1_tflop():
+    total = sum(r.count for r in vs.flop_table(VisionConfig.k3(), [[1, 64, 64]]))
+    assert 6.05e12 < total < 6.2e12  # SPEC.md: ≈ 6.1 TFLOP for an 896×896 image
+
+
+def test_flop_table_attention_counts_items_separately():
+    cfg = VisionConfig.k3()
+    a, b = [1, 8, 10], [3, 4, 6]
+    packed = {r.component: r.count for r in vs.flop_table(cfg, [a, b])}
+    alone = [{r.component: r.count for r in vs.flop_table(cfg, [g])} for g in (a, b)]
+    for component in packed:
+        assert packed[component] == alone[0][component] + alone[1][component], component
+
+
+def test_rmsnorm_output_rms_matches_the_reference_on_random_rows():
+    rng = np.random.default_rng(5)
+    target_rms = np.array([3e-5, 1e-3, 4e-3, 0.02, 0.3, 2.0])
+    rows = rng.standard_normal((len(target_rms), 37))
+    rows *= (target_rms / np.sqrt(np.mean(rows**2, axis=1)))[:, None]
+    for eps in (1.1920929e-07, 2.0**-7):
+        out = ref.rmsnorm(rows, np.ones(37), eps)
+        got = np.sqrt(np.mean(out**2, axis=1))
+        assert_close(vs.rmsnorm_output_rms(target_rms, eps), got, rtol=1e-9, atol=0, name=f"eps={eps}")
+    with pytest.raises(ValueError):
+        vs.rmsnorm_output_rms([-1.0], 1e-6)
+
+
+def test_plot_eps_effect_draws_each_curve():
+    fig = vs.plot_eps_effect({"a": 1e-7, "b": 2.0**-7}, measured={"kernel": ([0.01], [0.1])})
+    labels = [line.get_label() for line in fig.axes[0].lines]
+    assert sum(lbl.startswith(("a ", "b ")) for lbl in labels) == 2
+    assert "kernel" in labels
+
+
+@pytest.mark.parametrize("head_dim", [8, 24])
+def test_interleaved_rope_pairs_are_what_the_reference_rotates(head_dim):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 1, head_dim))
+    for pair in vs.rope_pairs(head_dim, "interleaved"):
+        j = pair.dims[0] // 2
+        angles = np.zeros((1, head_dim // 2))
+        angles[0, j] = 0.7
+        moved = np.flatnonzero(~np.isclose(ref.apply_rope(x, angles), x))
+        assert tuple(moved) == pair.dims
+        # The slot -> axis rule of the reference's angle table: a token at row 3, column 5.
+        table = ref.rope_angles(4, 6, head_dim, dtype=np.float64)[3 * 6 + 5]
+        f = ref.rope_frequencies(head_dim, dtype=np.float64)[pair.freq_index]
+        assert np.isclose(table[j], (5 if pair.axis == "width" else 3) * f)
+
+
+def test_rotate_half_pairs_cover_every_dim_once_and_differ_from_interleaved():
+    pairs = vs.rope_pairs(24, "rotate_half")
+    dims = sorted(d for p in pairs for d in p.dims)
+    assert dims == list(range(24))
+    assert {p.dims for p in pairs} != {p.dims for p in vs.rope_pairs(24)}
+    with pytest.raises(ValueError):
+        vs.rope_pairs(10)
+    with pytest.raises(ValueError):
+        vs.rope_pairs(8, "spiral")
+    fig = vs.plot_rope_pairing(8)
+    assert len(fig.axes) == 2
+
+
+def test_attention_memory_table():
+    rows = {r.approach: r for r in vs.attention_memory_table([100, 28], heads=3, head_dim=16, block_q=8, block_k=16)}
+    assert rows["naive, one L×L matrix"].elements == 3 * 128 * 128
+    assert rows["naive, per item"].elements == 3 * 100 * 100
+    assert rows["tiled online softmax"].elements == 8 * 16 + 2 * 8
+    assert all(r.nbytes == 4 * r.elements for r in rows.values())
+    with pytest.raises(ValueError):
+        vs.attention_memory_table([], 1, 1, 1, 1)
+
+
+def test_stage_report_series_and_plot(tiny_stages):
+    broken = dict(tiny_stages)
+    broken["final_norm"] = tiny_stages["final_norm"] + 0.1
+    report = compare_stages(broken, tiny_stages)
+    s = vs.stage_report_series(report)
+    assert list(s["stage"]) == list(tiny_stages)
+    assert list(s["ok"]) == [name != "final_norm" for name in tiny_stages]
+    assert s["max_rel"][list(tiny_stages).index("final_norm")] > 0
+    fig = vs.plot_stage_report(report)
+    bars = fig.axes[0].patches
+    assert len(bars) == len(tiny_stages)
+
+
+def test_plot_timings_labels_where_it_ran():
+    fig = vs.plot_timings({"v1": 0.002, "v2": 0.001}, where="CUDA simulator (CPU)", title="GEMM")
+    assert "CUDA simulator (CPU)" in fig.axes[0].get_title()
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["v1", "v2"]
