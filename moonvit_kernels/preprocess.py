@@ -292,6 +292,16 @@ def patchify(frames: np.ndarray, patch_size: int) -> tuple[np.ndarray, tuple[int
     return np.ascontiguousarray(patches.reshape(T * h * w, C, p, p)), (T, h, w)
 
 
+def unpatchify(pixel_values: np.ndarray, grid_thw: Sequence[int]) -> np.ndarray:
+    """Inverse of `patchify` for one item: `[t·h·w, C, p, p]` -> `[t, h·p, w·p, C]`."""
+    t, h, w = (int(v) for v in grid_thw)
+    pv = to_numpy(pixel_values)
+    if pv.ndim != 4 or pv.shape[0] != t * h * w or pv.shape[2] != pv.shape[3]:
+        raise ValueError(f"pixel_values shape {pv.shape} does not hold t·h·w = {t * h * w} square patches")
+    C, p = pv.shape[1], pv.shape[2]
+    return pv.reshape(t, h, w, C, p, p).transpose(0, 1, 4, 2, 5, 3).reshape(t, h * p, w * p, C)
+
+
 # ============================================================================ whole pipeline
 @dataclass
 class Preprocessed:

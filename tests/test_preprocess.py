@@ -19,6 +19,7 @@ from moonvit_kernels.preprocess import (
     resize_plan,
     sample_frame_indices,
     to_numpy,
+    unpatchify,
 )
 from moonvit_kernels.reference import validate_inputs
 
@@ -133,6 +134,14 @@ def test_patchify_matches_a_loop_at_awkward_sizes():
     patches, grid = patchify(frames, 3)
     assert grid == (2, 3, 5)
     np.testing.assert_array_equal(patches, loop_patchify(frames, 3))
+
+
+def test_unpatchify_inverts_patchify():
+    frames = np.random.default_rng(12).standard_normal((3, 8, 20, 3)).astype(np.float32)
+    patches, grid = patchify(frames, 4)
+    np.testing.assert_array_equal(unpatchify(patches, grid), frames)
+    with pytest.raises(ValueError, match="t·h·w"):
+        unpatchify(patches, (3, 2, 4))
 
 
 def test_patchify_rejects_sizes_that_are_not_patch_multiples():
