@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 FP32_EPS = 1.1920929e-07
 
@@ -30,6 +34,18 @@ SUPPORTED = {
     "activation_func": ("gelu_pytorch_tanh",),
     "projector_hidden_act": ("gelu",),
 }
+
+
+def _int_pair(name: str, value: Any) -> tuple[int, int]:
+    """`value` as a tuple of two positive ints, or ValueError naming `name` (no silent rounding)."""
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ValueError(f"{name} must be two positive integers, got {value!r}") from None
+    ok = len(items) == 2 and all(isinstance(k, numbers.Integral) and not isinstance(k, (bool, np.bool_)) for k in items)
+    if not ok or min(items) <= 0:
+        raise ValueError(f"{name} must be two positive integers, got {value!r}")
+    return int(items[0]), int(items[1])
 
 
 @dataclass(frozen=True)
@@ -63,7 +79,12 @@ class VisionConfig:
     vit_norm_eps: float = FP32_EPS
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "merge_kernel_size", tuple(int(k) for k in self.merge_kernel_size))
+        object.__setattr__(self, "merge_kernel_size", _int_pair("merge_kernel_size", self.merge_kernel_size))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            # numpy integers (e.g. read from an array) become plain ints; bools stay bools so validate() rejects them
+            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+                object.__setattr__(self, f.name, int(value))
         self.validate()
 
     # ------------------------------------------------------------------ derived sizes
@@ -91,8 +112,9 @@ class VisionConfig:
             if value not in allowed:
                 raise ValueError(f"unsupported {key}={value!r}; supported: {', '.join(allowed)}")
         for key in ("attn_bias", "linear_bias", "patch_embed_proj_bias"):
-            if getattr(self, key):
-                raise ValueError(f"{key}=True is not supported: the K3 vision tower has no biases")
+            value = getattr(self, key)
+            if not isinstance(value, (bool, np.bool_)) or value:
+                raise ValueError(f"{key}={value!r} is not supported: the K3 vision tower has no biases (need False)")
         positive = (
             "patch_size",
             "init_pos_emb_height",
@@ -109,10 +131,10 @@ class VisionConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
-        if not isinstance(self.vt_num_hidden_layers, int) or self.vt_num_hidden_layers < 0:
+        layers = self.vt_num_hidden_layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
             raise ValueError(f"vt_num_hidden_layers must be an integer >= 0, got {self.vt_num_hidden_layers!r}")
-        if len(self.merge_kernel_size) != 2 or min(self.merge_kernel_size) <= 0:
-            raise ValueError(f"merge_kernel_size must be two positive integers, got {self.merge_kernel_size!r}")
+        _int_pair("merge_kernel_size", self.merge_kernel_size)
         if self.qkv_hidden_size % self.vt_num_attention_heads:
             raise ValueError(
                 f"qkv_hidden_size={self.qkv_hidden_size} is not divisible by "
@@ -131,8 +153,8 @@ class VisionConfig:
             )
         for key in ("projector_ln_eps", "vit_norm_eps"):
             value = getattr(self, key)
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{key} must be a positive number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{key} must be a positive finite number, got {value!r}")
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -150,10 +172,7 @@ class VisionConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         if not names & d.keys():
             raise ValueError("dict holds no vision_config keys (expected e.g. 'vt_hidden_size', 'patch_size')")
-        kwargs = {k: v for k, v in d.items() if k in names}
-        if "merge_kernel_size" in kwargs:
-            kwargs["merge_kernel_size"] = tuple(kwargs["merge_kernel_size"])
-        return cls(**kwargs)
+        return cls(**{k: v for k, v in d.items() if k in names})
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> VisionConfig:
