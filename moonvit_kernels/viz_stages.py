@@ -1,9 +1,10 @@
 """Tables and pictures the workbook (`notebooks/`) draws for each stage, beside those of `viz`.
 
 Every picture is split in two: a function that computes what is drawn (plain data, tested in
-`tests/test_viz_stages.py`) and a `plot_*` function that draws it with matplotlib and returns the
-`Figure`. The notebooks call the `plot_*` functions; learners can call the data functions to check
-a picture's numbers.
+`tests/test_viz_stages.py`) and a `plot_*` function that draws it and returns a
+`matplotlib.figure.Figure` built without pyplot (as in `viz`: no backend is chosen, nothing is
+shown twice; Jupyter displays a figure that ends a cell). Learners can call the data functions to
+check a picture's numbers.
 
 - `stage_shapes` / `plot_architecture`      the tower as boxes, each with the shape it produces
 - `parameter_table`                          parameters per component, from `weights.expected_shapes`
@@ -13,6 +14,7 @@ a picture's numbers.
 - `attention_memory_table`                   bytes of L×L scores vs one tile of the online softmax
 - `stage_report_series` / `plot_stage_report` a backend comparison (`compare.StageReport`) per stage
 - `plot_timings`                              labelled bars of measured times
+- `markdown_table`                            rows as a Markdown table (rendered by Jupyter and GitHub)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from .config import VisionConfig
 from .weights import expected_shapes
@@ -86,13 +89,13 @@ def stage_shapes(config: VisionConfig, grid_thws: Any) -> list[Stage]:
     ]
 
 
-def plot_architecture(config: VisionConfig, grid_thws: Any, title: str | None = None) -> Any:
+def plot_architecture(config: VisionConfig, grid_thws: Any, title: str | None = None) -> Figure:
     """The tower as a column of boxes (one per `stage_shapes` entry, the encoder block framed)."""
-    import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
     stages = stage_shapes(config, grid_thws)
-    fig, ax = plt.subplots(figsize=(9, 0.62 * len(stages) + 0.8))
+    fig = Figure(figsize=(9, 0.62 * len(stages) + 0.8), layout="constrained")
+    ax = fig.subplots()
     ax.set_xlim(0, 10)
     ax.set_ylim(-0.6, len(stages) + 0.2)
     ax.axis("off")
@@ -114,7 +117,6 @@ def plot_architecture(config: VisionConfig, grid_thws: Any, title: str | None = 
         ax.text(9.8, top - 0.25, f"encoder block × {config.vt_num_hidden_layers}", ha="right", color="C0")
     L, M = _token_counts(config, grid_thws)
     ax.set_title(title or f"MoonViT-V2 on grid_thws {_grid(grid_thws).tolist()}: L = {L} tokens, M = {M} merged")
-    fig.tight_layout()
     return fig
 
 
@@ -187,13 +189,12 @@ def rmsnorm_output_rms(row_rms: Any, eps: float) -> np.ndarray:
     return r / np.sqrt(r * r + float(eps))
 
 
-def plot_eps_effect(eps_values: Mapping[str, float], row_rms: Any | None = None, measured: Any = None) -> Any:
+def plot_eps_effect(eps_values: Mapping[str, float], row_rms: Any | None = None, measured: Any = None) -> Figure:
     """Output RMS vs input-row RMS (log x) for each named eps; `measured` optionally adds
     `{label: (row_rms, output_rms)}` points computed by a real kernel or the reference."""
-    import matplotlib.pyplot as plt
-
     r = np.logspace(-5, 1, 300) if row_rms is None else np.asarray(row_rms, dtype=np.float64)
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    fig = Figure(figsize=(7, 3.8), layout="constrained")
+    ax = fig.subplots()
     for i, (label, eps) in enumerate(eps_values.items()):
         ax.semilogx(r, rmsnorm_output_rms(r, eps), color=f"C{i}", label=f"{label} (eps = {eps:.3g})")
         ax.axvline(np.sqrt(eps), color=f"C{i}", ls=":", lw=1)
@@ -205,7 +206,6 @@ def plot_eps_effect(eps_values: Mapping[str, float], row_rms: Any | None = None,
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title("eps matters once a row's RMS nears √eps (dotted lines)")
-    fig.tight_layout()
     return fig
 
 
@@ -241,13 +241,13 @@ def rope_pairs(head_dim: int, convention: str = "interleaved") -> list[RopePair]
     return out
 
 
-def plot_rope_pairing(head_dim: int) -> Any:
+def plot_rope_pairing(head_dim: int) -> Figure:
     """Arcs joining the dims that rotate together, interleaved (K3) above rotate-half below;
     blue arcs turn with the column (width), orange with the row (height)."""
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Arc
 
-    fig, axes = plt.subplots(2, 1, figsize=(min(14, 0.45 * head_dim + 2), 4.2))
+    fig = Figure(figsize=(min(14, 0.45 * head_dim + 2), 4.2), layout="constrained")
+    axes = fig.subplots(2, 1)
     colours = {"width": "C0", "height": "C1"}
     for ax, convention in zip(axes, ("interleaved", "rotate_half"), strict=True):
         pairs = rope_pairs(head_dim, convention)
@@ -270,7 +270,6 @@ def plot_rope_pairing(head_dim: int) -> Any:
     axes[0].plot([], [], color="C0", label="width: angle = column · f_i")
     axes[0].plot([], [], color="C1", label="height: angle = row · f_i")
     axes[0].legend(loc="upper right", fontsize=8, ncol=2)
-    fig.tight_layout()
     return fig
 
 
@@ -321,14 +320,13 @@ def stage_report_series(report: Any) -> dict[str, np.ndarray]:
     }
 
 
-def plot_stage_report(report: Any, title: str | None = None) -> Any:
+def plot_stage_report(report: Any, title: str | None = None) -> Figure:
     """Relative error per stage (log scale) against its tolerance; stages beyond it in red."""
-    import matplotlib.pyplot as plt
-
     s = stage_report_series(report)
     x = np.arange(len(s["stage"]))
     floor = 1e-18  # an exact stage (error 0) still gets a visible bar on a log axis
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(x) + 2), 3.8))
+    fig = Figure(figsize=(max(6, 0.6 * len(x) + 2), 3.8), layout="constrained")
+    ax = fig.subplots()
     ax.bar(x, np.maximum(s["max_rel"], floor), color=np.where(s["ok"], "C2", "C3"), label="max|a−b| / max|b|")
     ax.step(np.append(x, x[-1] + 1) - 0.5, np.append(s["tolerance"], s["tolerance"][-1]), where="post", color="k")
     ax.plot([], [], color="k", label="tolerance")
@@ -338,19 +336,17 @@ def plot_stage_report(report: Any, title: str | None = None) -> Any:
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     ax.set_title(title or f"{getattr(report, 'candidate', 'candidate')} vs {getattr(report, 'reference', 'reference')}")
-    fig.tight_layout()
     return fig
 
 
 # ============================================================================ timings
-def plot_timings(seconds: Mapping[str, float], where: str, unit: str = "ms", title: str = "") -> Any:
+def plot_timings(seconds: Mapping[str, float], where: str, unit: str = "ms", title: str = "") -> Figure:
     """Horizontal bars of measured times (`{label: seconds}`), labelled with where they ran."""
-    import matplotlib.pyplot as plt
-
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     labels = list(seconds)
     values = np.array([seconds[k] for k in labels], dtype=np.float64) * scale
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(labels) + 1.4))
+    fig = Figure(figsize=(7, 0.45 * len(labels) + 1.4), layout="constrained")
+    ax = fig.subplots()
     ax.barh(labels, values, color="C0")
     for i, v in enumerate(values):
         ax.text(v, i, f" {v:.3g} {unit}", va="center", fontsize=8)
@@ -358,5 +354,27 @@ def plot_timings(seconds: Mapping[str, float], where: str, unit: str = "ms", tit
     ax.set_xlabel(f"time ({unit})")
     ax.set_xlim(0, values.max() * 1.25 if len(values) and values.max() > 0 else 1)
     ax.set_title(f"{title} — measured on {where}" if title else f"measured on {where}")
-    fig.tight_layout()
     return fig
+
+
+# ============================================================================ tables
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table: `header` names the columns, each row holds one value per column
+    (ints get thousands separators, floats 4 significant digits, everything else `str`)."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, (bool, np.bool_)):
+            return str(bool(v))
+        if isinstance(v, (int, np.integer)):
+            return f"{int(v):,}"
+        if isinstance(v, (float, np.floating)):
+            return f"{float(v):.4g}"
+        return str(v).replace("|", "\\|")
+
+    width = len(header)
+    lines = ["| " + " | ".join(str(h) for h in header) + " |", "|" + "---|" * width]
+    for i, row in enumerate(rows):
+        if len(row) != width:
+            raise ValueError(f"row {i} has {len(row)} values for {width} columns")
+        lines.append("| " + " | ".join(cell(v) for v in row) + " |")
+    return "\n".join(lines)

@@ -1,10 +1,5 @@
 """The workbook's tables and pictures hold the right numbers (data content, not pixels)."""
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from helpers import assert_close, random_pixels
@@ -17,12 +12,6 @@ from moonvit_kernels.weights import parameter_count, random_weights
 
 TINY = VisionConfig.tiny()
 GRID = np.array([[1, 4, 6], [3, 2, 2]])
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +151,23 @@ def test_plot_timings_labels_where_it_ran():
     fig = vs.plot_timings({"v1": 0.002, "v2": 0.001}, where="CUDA simulator (CPU)", title="GEMM")
     assert "CUDA simulator (CPU)" in fig.axes[0].get_title()
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["v1", "v2"]
+
+
+def test_markdown_table():
+    text = vs.markdown_table(["name", "count", "err", "ok"], [["a|b", 1234567, 1.23456e-7, True]])
+    assert text.splitlines() == [
+        "| name | count | err | ok |",
+        "|---|---|---|---|",
+        "| a\\|b | 1,234,567 | 1.235e-07 | True |",
+    ]
+    with pytest.raises(ValueError, match="row 0"):
+        vs.markdown_table(["a", "b"], [[1]])
+
+
+def test_plots_are_figures_outside_pyplot():
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    vs.plot_architecture(TINY, GRID)
+    vs.plot_eps_effect({"a": 1e-7})
+    assert plt.get_fignums() == before
