@@ -1,0 +1,211 @@
+"""The CUDA C kernels (`*.cu` beside this file) and the one catalogue of what is built from them.
+
+Both the CuPy launchers (`moonvit_kernels.cupy_kernels`) and the GPU-less compile check
+(`moonvit_kernels.nvrtc_check`) read this module, so they compile the same text with the same
+options and the same template instantiations:
+
+- `load_source(name)` returns a `.cu` file with its local `#include "x.cuh"` headers inlined (CuPy
+  caches compiled kernels by source text, so a header edit must change the text it sees);
+- `compile_options()` the NVRTC options (C++17, the CUDA include directory for `cuda_bf16.h`);
+- `kernel_specs(head_dims)` every kernel instantiation with its block size, dynamic shared memory
+  and the register bound the compile check asserts.
+
+Every file needs sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async); the GPU tier targets sm_90.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).resolve().parent
+
+SOURCES = ("gemm_fp32.cu", "gemm_bf16.cu", "attention.cu", "rmsnorm.cu", "rope.cu", "pos_emb.cu", "merge.cu")
+
+BF16 = "__nv_bfloat16"  # the C++ spelling of bfloat16 in template arguments
+
+# GEMM epilogues: name -> the EPI_* number in common.cuh
+EPILOGUES = {"none": 0, "gelu_tanh": 1, "gelu_erf": 2, "residual": 3}
+
+# Attention head dims: any multiple of 8 up to this (the bf16 kernel's registers grow with hd).
+MAX_HEAD_DIM = 256
+
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
+
+
+def load_source(name: str) -> str:
+    """The text of kernel file `name` with its local `#include "..."` headers inlined once each."""
+    if name not in SOURCES:
+        raise ValueError(f"unknown kernel source {name!r}; known: {', '.join(SOURCES)}")
+    return _inline(name, set())
+
+
+def _inline(name: str, seen: set[str]) -> str:
+    path = KERNEL_DIR / name
+    text = path.read_text(encoding="utf-8")
+
+    def expand(match: re.Match) -> str:
+        header = match.group(1)
+        if header in seen:
+            return f"// (already included: {header})"
+        seen.add(header)
+        body = _inline(header, seen).replace("#pragma once", "")
+        return f'#line 1 "{header}"\n{body}\n#line {text.count(chr(10), 0, match.end()) + 2} "{name}"'
+
+    return _LOCAL_INCLUDE.sub(expand, text)
+
+
+@functools.cache
+def cuda_include_dir() -> str:
+    """Directory holding `cuda_bf16.h`: $MOONVIT_CUDA_INCLUDE, else the pip wheel `nvidia-cuda-runtime`
+    (found with cuda.pathfinder), else $CUDA_PATH/include or /usr/local/cuda/include."""
+    candidates = []
+    if os.environ.get("MOONVIT_CUDA_INCLUDE"):
+        candidates.append(os.environ["MOONVIT_CUDA_INCLUDE"])
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        found = find_nvidia_header_directory("cudart")
+        if found:
+            candidates.append(found)
+    except Exception:  # pathfinder missing or unable to look: fall through to the usual places
+        pass
+    for env in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(env):
+            candidates.append(os.path.join(os.environ[env], "include"))
+    candidates.append("/usr/local/cuda/include")
+    for c in candidates:
+        if os.path.isfile(os.path.join(c, "cuda_bf16.h")):
+            return c
+    raise RuntimeError(
+        "cuda_bf16.h not found (looked in: " + ", ".join(candidates) + "). Install the CUDA runtime headers "
+        "(pip install 'cuda-toolkit[cudart]', pulled in by numba-cuda[cu13]) or set MOONVIT_CUDA_INCLUDE."
+    )
+
+
+def compile_options() -> tuple[str, ...]:
+    """NVRTC options shared by CuPy and the compile check (the architecture is added by each)."""
+    return ("--std=c++17", f"-I{cuda_include_dir()}")
+
+
+# ============================================================================ the catalogue
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel instantiation: where it lives, how it is launched, what the compile check asserts."""
+
+    source: str  # file in SOURCES
+    name: str  # C++ name expression (template arguments included), as CuPy's get_function takes it
+    threads: int  # threads per block the launcher uses
+    max_registers: int  # per-thread bound checked at compile time (keeps the intended occupancy)
+    dynamic_smem: int = 0  # bytes of dynamic shared memory per block at launch
+    max_stack: int = 0  # bytes of local-memory stack frame allowed (spills are never allowed)
+
+
+def gemm_bf16_name(out: str, epilogue: str) -> str:
+    """`gemm_bf16_tc<OutT, EPI>`; out is "float32" or "bfloat16"."""
+    return f"gemm_bf16_tc<{'float' if out == 'float32' else BF16}, {EPILOGUES[epilogue]}>"
+
+
+def gemm_fp32_name(epilogue: str) -> str:
+    return f"gemm_fp32_simt<{EPILOGUES[epilogue]}>"
+
+
+def attention_name(head_dim: int, dtype: str) -> str:
+    """`flash_attn_bf16<HD>` or `flash_attn_fp32<HD>`."""
+    return f"flash_attn_{'bf16' if dtype == 'bfloat16' else 'fp32'}<{int(head_dim)}>"
+
+
+def attention_smem_bytes(head_dim: int, dtype: str) -> int:
+    """Dynamic shared memory of the attention kernels (mirrors AttnBf16Cfg / AttnFp32Cfg in attention.cu)."""
+    if dtype == "bfloat16":
+        hdp = (head_dim + 15) // 16 * 16
+        return (64 + 2 * 2 * 64) * (hdp + 8) * 2  # Q tile + 2 stages of K and V tiles, bf16
+    return (16 * head_dim + 32 * (head_dim + 1) + 32 * head_dim) * 4  # Q, K (padded), V tiles, fp32
+
+
+def check_head_dim(head_dim: int) -> None:
+    """ValueError unless the attention kernels support `head_dim` (a multiple of 8, 8..MAX_HEAD_DIM)."""
+    if not isinstance(head_dim, int) or head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim={head_dim!r} unsupported: the attention kernels need a multiple of 8 in 8..256")
+
+
+def _type_name(dtype: str) -> str:
+    return "float" if dtype == "float32" else BF16
+
+
+def rmsnorm_name(in_dtype: str, out_dtype: str) -> str:
+    return f"rmsnorm_rows<{_type_name(in_dtype)}, {_type_name(out_dtype)}>"
+
+
+def rope_name(dtype: str) -> str:
+    return f"rope_2d_inplace<{_type_name(dtype)}>"
+
+
+def pos_emb_name(mode: str) -> str:
+    return f"add_pos_emb<{2 if mode == 'bilinear' else 4}>"
+
+
+def merge_name(in_dtype: str, out_dtype: str) -> str:
+    return f"tpool_merge<{_type_name(in_dtype)}, {_type_name(out_dtype)}>"
+
+
+DTYPES = ("float32", "bfloat16")
+
+# Register bounds, from the occupancy each kernel is designed for (65536 registers per SM):
+# the GEMMs run 256 threads with 2 blocks per SM -> <= 128; the bf16 attention's shared memory
+# (87 KB at hd 128) already limits it to 2 blocks of 128 threads per SM -> <= 255, the hardware
+# cap (it keeps Q fragments, O and S accumulators in registers); the memory-bound kernels stay small.
+_REG_GEMM_BF16 = 128
+_REG_GEMM_FP32 = 128
+_REG_ATTN_BF16 = 255
+_REG_ATTN_FP32 = 128
+_REG_SMALL = 64
+# sincosf keeps a 28-byte array on the stack for its slow path (|angle| > ~1e5, Payne-Hanek
+# reduction); RoPE angles are < 512 rad and never take it, so that frame is allowed and never touched.
+_STACK_SINCOSF = 32
+
+
+def kernel_specs(head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:
+    """Every instantiation the launchers use, attention at the given head dims."""
+    specs: list[KernelSpec] = []
+    for out in DTYPES:
+        for epi in EPILOGUES:
+            specs.append(KernelSpec("gemm_bf16.cu", gemm_bf16_name(out, epi), 256, _REG_GEMM_BF16))
+    for epi in EPILOGUES:
+        specs.append(KernelSpec("gemm_fp32.cu", gemm_fp32_name(epi), 256, _REG_GEMM_FP32))
+    for hd in head_dims:
+        check_head_dim(hd)
+        specs.append(
+            KernelSpec(
+                "attention.cu",
+                attention_name(hd, "bfloat16"),
+                128,
+                _REG_ATTN_BF16,
+                attention_smem_bytes(hd, "bfloat16"),
+            )
+        )
+        specs.append(
+            KernelSpec(
+                "attention.cu", attention_name(hd, "float32"), 128, _REG_ATTN_FP32, attention_smem_bytes(hd, "float32")
+            )
+        )
+    for i in DTYPES:
+        for o in DTYPES:
+            specs.append(KernelSpec("rmsnorm.cu", rmsnorm_name(i, o), 256, _REG_SMALL))
+            specs.append(KernelSpec("merge.cu", merge_name(i, o), 256, _REG_SMALL))
+    for dt in DTYPES:
+        specs.append(KernelSpec("rope.cu", rope_name(dt), 256, _REG_SMALL, max_stack=_STACK_SINCOSF))
+    for mode in ("bilinear", "bicubic"):
+        specs.append(KernelSpec("pos_emb.cu", pos_emb_name(mode), 256, _REG_SMALL))
+    return specs
+
+
+def specs_by_source(specs: list[KernelSpec]) -> dict[str, list[KernelSpec]]:
+    """Group specs by file (one NVRTC program per file)."""
+    out: dict[str, list[KernelSpec]] = {}
+    for s in specs:
+        out.setdefault(s.source, []).append(s)
+    return out

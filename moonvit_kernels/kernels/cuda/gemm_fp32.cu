@@ -1,0 +1,84 @@
+// gemm_fp32.cu — C[M, N] = epilogue(A[M, K] · B[N, K]ᵀ) in fp32 on the SIMT cores.
+//
+// The CUDA C twin of the numba "v3" GEMM: shared-memory tiles + register blocking.
+//   block tile 64x64, K step 16, 256 threads as 16x16; each thread owns a 4x4 block of C
+//   (rows ty·4..ty·4+3, columns tx·4..tx·4+3) and keeps it in 16 registers.
+// Tiles are stored K-major in shared memory (As[k][m], Bs[k][n]) so the inner loop reads four
+// consecutive m (or n) with one 16-byte load; rows are padded by 4 floats to spread the
+// transposing stores over more banks. Out-of-range A/B elements load as zero, out-of-range C
+// elements are not stored. `vec` (K % 4 == 0, 16-byte aligned A and B) enables float4 loads.
+// Same epilogues as gemm_bf16.cu.
+#include "common.cuh"
+
+namespace gemm_fp32_cfg {
+constexpr int BM = 64, BN = 64, BK = 16, TM = 4, TN = 4;
+constexpr int THREADS = (BM / TM) * (BN / TN);  // 256
+constexpr int LDS = BM + 4;                     // padded K-major shared row
+}  // namespace gemm_fp32_cfg
+
+// Stage rows [row0, row0 + 64) x columns [k0, k0 + 16) of src[rows, K] K-major into dst[16][LDS].
+__device__ __forceinline__ void gemm_fp32_load_tile(float (*dst)[gemm_fp32_cfg::LDS], const float* __restrict__ src,
+                                                    int rows, int row0, int K, int k0, int vec) {
+  using namespace gemm_fp32_cfg;
+  const int r = threadIdx.x / (BK / 4);       // 0..63: one row of the tile
+  const int kq = (threadIdx.x % (BK / 4)) * 4;  // 0, 4, 8, 12: four consecutive k
+  const int gr = row0 + r, gk = k0 + kq;
+  float v[4];
+  if (vec && gr < rows && gk < K) {  // K % 4 == 0: the four are all inside
+    const float4 q = *reinterpret_cast<const float4*>(src + (size_t)gr * K + gk);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = (gr < rows && gk + e < K) ? src[(size_t)gr * K + gk + e] : 0.0f;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) dst[kq + e][r] = v[e];
+}
+
+template <int EPI>
+__global__ void __launch_bounds__(gemm_fp32_cfg::THREADS)
+    gemm_fp32_simt(const float* __restrict__ A, const float* __restrict__ B, float* C, const float* R, int M, int N,
+                   int K, int vec) {
+  using namespace gemm_fp32_cfg;
+  __shared__ __align__(16) float As[BK][LDS];
+  __shared__ __align__(16) float Bs[BK][LDS];
+
+  const int tx = threadIdx.x % (BN / TN), ty = threadIdx.x / (BN / TN);
+  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+
+  float acc[TM][TN];
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+
+  for (int k0 = 0; k0 < K; k0 += BK) {
+    gemm_fp32_load_tile(As, A, M, m0, K, k0, vec);
+    gemm_fp32_load_tile(Bs, B, N, n0, K, k0, vec);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < BK; ++k) {
+      const float4 a = *reinterpret_cast<const float4*>(&As[k][ty * TM]);
+      const float4 b = *reinterpret_cast<const float4*>(&Bs[k][tx * TN]);
+      const float av[TM] = {a.x, a.y, a.z, a.w}, bv[TN] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    const int row = m0 + ty * TM + i;
+    if (row >= M) continue;
+#pragma unroll
+    for (int j = 0; j < TN; ++j) {
+      const int col = n0 + tx * TN + j;
+      if (col >= N) continue;
+      const size_t idx = (size_t)row * N + col;
+      C[idx] = EPI == EPI_RESIDUAL ? R[idx] + acc[i][j] : activate<EPI>(acc[i][j]);
+    }
+  }
+}

@@ -1,0 +1,243 @@
+"""The compile tier: build every CUDA C kernel with NVRTC for real GPU architectures, no GPU needed.
+
+    python -m moonvit_kernels.nvrtc_check [--arch sm_90 ...] [--head-dims 128 24 ...]
+
+Each `.cu` file in `moonvit_kernels/kernels/cuda` is compiled to a cubin by NVRTC from the pip
+wheels (`cuda-bindings` + `nvidia-cuda-nvrtc`, headers from `nvidia-cuda-runtime`) with the same
+source text, options and template instantiations the CuPy launchers use, plus:
+`-Werror=all-warnings` (front-end warnings fail the build) and `-Xptxas=-v,--warn-on-spills`
+(ptxas reports registers, spills and shared memory per kernel). The report is a table
+kernel | arch | registers | spills | stack | shared memory, and a kernel fails when it did not
+compile, spills, has a larger stack frame than allowed (`KernelSpec.max_stack`), exceeds its
+register bound (`KernelSpec.max_registers`) or 65536 registers per block, or needs more shared
+memory than the architecture gives a block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from .kernels import cuda as kcuda
+
+ARCHS = ("sm_80", "sm_90")
+# Shared memory one block may use after opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
+SMEM_PER_BLOCK = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": 227 * 1024}
+REGISTERS_PER_BLOCK = 65536
+# Head dims compiled by default: the real model (128), the tiny test config (24), and one more.
+DEFAULT_HEAD_DIMS = (128, 24, 64)
+
+
+@dataclass
+class PtxasInfo:
+    """What ptxas -v says about one entry function."""
+
+    registers: int = -1
+    stack_bytes: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    static_smem: int = 0
+
+
+@dataclass
+class KernelReport:
+    """One kernel instantiation compiled for one architecture, and the limits it broke."""
+
+    spec: kcuda.KernelSpec
+    arch: str
+    info: PtxasInfo | None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected a source (the message holds NVRTC's log)."""
+
+
+# ============================================================================ NVRTC
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise RuntimeError("the compile check needs cuda-bindings (pip install 'numba-cuda[cu13]')") from e
+    return nvrtc
+
+
+def _checked(result: tuple, what: str):
+    nvrtc = _nvrtc()
+    err, *rest = result
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"{what} failed: {err}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+def nvrtc_options(arch: str) -> list[str]:
+    """Options for the compile check: the launchers' options + architecture, warnings as errors, ptxas -v."""
+    return [
+        *kcuda.compile_options(),
+        f"--gpu-architecture={arch}",
+        "-Werror=all-warnings",
+        "-Xptxas=-v",
+        "-Xptxas=--warn-on-spills",
+    ]
+
+
+def compile_cubin(source: str, names: Sequence[str], arch: str) -> tuple[bytes, str, dict[str, str]]:
+    """Compile kernel file `source` to a cubin for `arch` with the name expressions `names`.
+
+    Returns (cubin, NVRTC + ptxas log, {name expression: mangled name}); CompileError on failure."""
+    nvrtc = _nvrtc()
+    text = kcuda.load_source(source).encode()
+    prog = _checked(nvrtc.nvrtcCreateProgram(text, source.encode(), 0, [], []), "nvrtcCreateProgram")
+    try:
+        for n in names:
+            _checked(nvrtc.nvrtcAddNameExpression(prog, n.encode()), f"nvrtcAddNameExpression({n})")
+        opts = [o.encode() for o in nvrtc_options(arch)]
+        (status,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        size = _checked(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        buf = b" " * size
+        _checked(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+        log = buf.rstrip(b"\0 ").decode(errors="replace")
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"{source} for {arch}: {status}\n{log}")
+        lowered = {}
+        for n in names:
+            mangled = _checked(nvrtc.nvrtcGetLoweredName(prog, n.encode()), f"nvrtcGetLoweredName({n})")
+            lowered[n] = mangled.decode() if isinstance(mangled, bytes) else str(mangled)
+        size = _checked(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        _checked(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        return cubin, log, lowered
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_PROPS = re.compile(r"Function properties for (\S+)")
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas_log(log: str) -> dict[str, PtxasInfo]:
+    """Per entry function (mangled name): registers, stack, spills, static shared memory from ptxas -v."""
+    infos: dict[str, PtxasInfo] = {}
+    entry = props_of = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            entry = m.group(1)
+            infos.setdefault(entry, PtxasInfo())
+        elif m := _PROPS.search(line):
+            props_of = m.group(1)
+        elif (m := _STACK.search(line)) and props_of in infos:
+            info = infos[props_of]
+            info.stack_bytes, info.spill_stores, info.spill_loads = (int(g) for g in m.groups())
+        elif (m := _USED.search(line)) and entry is not None:
+            infos[entry].registers = int(m.group(1))
+            if s := _SMEM.search(line):
+                infos[entry].static_smem = int(s.group(1))
+    return infos
+
+
+def warnings_in(log: str) -> list[str]:
+    """Lines of a build log that report a warning (ptxas warnings are not errors by themselves)."""
+    return [line.strip() for line in log.splitlines() if "warning" in line.lower()]
+
+
+# ============================================================================ the check
+def check_source(source: str, specs: Sequence[kcuda.KernelSpec], arch: str) -> list[KernelReport]:
+    """Compile one file for one arch and judge each of its kernels against its limits."""
+    try:
+        _, log, lowered = compile_cubin(source, [s.name for s in specs], arch)
+    except CompileError as e:
+        return [KernelReport(s, arch, None, [f"did not compile: {e}"]) for s in specs]
+    infos = parse_ptxas_log(log)
+    warns = warnings_in(log)
+    reports = []
+    for s in specs:
+        info = infos.get(lowered.get(s.name, ""))
+        problems = [f"warning: {w}" for w in warns]
+        if info is None or info.registers < 0:
+            problems.append("no ptxas report for this kernel (not instantiated?)")
+        else:
+            if info.spill_stores or info.spill_loads:
+                problems.append(f"spills {info.spill_stores} B stores / {info.spill_loads} B loads")
+            if info.stack_bytes > s.max_stack:
+                problems.append(f"{info.stack_bytes} B stack frame (local memory) > allowed {s.max_stack} B")
+            if info.registers > s.max_registers:
+                problems.append(f"{info.registers} registers > bound {s.max_registers}")
+            if info.registers * s.threads > REGISTERS_PER_BLOCK:
+                problems.append(f"{info.registers} x {s.threads} threads > {REGISTERS_PER_BLOCK} registers per block")
+            smem = info.static_smem + s.dynamic_smem
+            limit = SMEM_PER_BLOCK.get(arch, 48 * 1024)
+            if smem > limit:
+                problems.append(f"{smem} B shared memory > {limit} B per block on {arch}")
+        reports.append(KernelReport(s, arch, info, problems))
+    return reports
+
+
+def _check_job(job: tuple[str, tuple[kcuda.KernelSpec, ...], str]) -> list[KernelReport]:
+    return check_source(*job)
+
+
+def run_checks(
+    archs: Sequence[str] = ARCHS, head_dims: Sequence[int] = DEFAULT_HEAD_DIMS, workers: int = 1
+) -> list[KernelReport]:
+    """Compile every kernel instantiation for every arch; one NVRTC program per (file, arch)."""
+    groups = kcuda.specs_by_source(kcuda.kernel_specs(tuple(head_dims)))
+    jobs = [(src, tuple(specs), arch) for arch in archs for src, specs in groups.items()]
+    if workers <= 1:
+        results = [_check_job(j) for j in jobs]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(_check_job, jobs))
+    return [r for rs in results for r in rs]
+
+
+def format_table(reports: Sequence[KernelReport]) -> str:
+    """kernel | arch | registers | spills | shared memory | status, one row per report."""
+    head = ("kernel", "arch", "registers", "spills st/ld B", "stack B", "shared memory static + dynamic B", "status")
+    rows = [head]
+    for r in reports:
+        i = r.info
+        regs = f"{i.registers} (<= {r.spec.max_registers})" if i else "-"
+        spills = f"{i.spill_stores}/{i.spill_loads}" if i else "-"
+        stack = f"{i.stack_bytes} (<= {r.spec.max_stack})" if i else "-"
+        smem = f"{i.static_smem} + {r.spec.dynamic_smem}" if i else "-"
+        status = "ok" if r.ok else "FAIL: " + "; ".join(p.splitlines()[0] for p in r.problems)
+        rows.append((r.spec.name, r.arch, regs, spills, stack, smem, status))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(head) - 1)]
+    lines = []
+    for k, row in enumerate(rows):
+        lines.append(" | ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + " | " + row[-1])
+        if k == 0:
+            lines.append("-+-".join("-" * w for w in widths) + "-+-------")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the table; exit status 1 when any kernel fails its limits."""
+    p = argparse.ArgumentParser(prog="python -m moonvit_kernels.nvrtc_check", description=__doc__.splitlines()[0])
+    p.add_argument("--arch", nargs="+", default=list(ARCHS), help="GPU architectures (default: sm_80 sm_90)")
+    p.add_argument("--head-dims", nargs="+", type=int, default=list(DEFAULT_HEAD_DIMS), help="attention head dims")
+    p.add_argument("--workers", type=int, default=2, help="parallel NVRTC processes")
+    args = p.parse_args(argv)
+    reports = run_checks(args.arch, args.head_dims, args.workers)
+    print(format_table(reports))
+    failed = [r for r in reports if not r.ok]
+    for r in failed:
+        for prob in r.problems:
+            print(f"\n{r.spec.name} [{r.arch}]: {prob}", file=sys.stderr)
+    print(f"\n{len(reports) - len(failed)}/{len(reports)} kernel builds within limits")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
