@@ -46,7 +46,7 @@ def validate_inputs(
     `(pixel_values, grid_thws as int64)`. Raises ValueError naming the problem.
     """
     grid = validate_grid_thws(grid_thws, config)
-    pv = np.asarray(pixel_values)
+    pv = _as_array("pixel_values", pixel_values)
     p = config.patch_size
     if not (np.issubdtype(pv.dtype, np.floating)):
         raise ValueError(
@@ -60,16 +60,32 @@ def validate_inputs(
         raise ValueError(
             f"pixel_values holds {pv.shape[0]} patches but grid_thws {grid.tolist()} needs sum(t*h*w) = {expected}"
         )
-    pv = pv.astype(dtype, copy=False)
     if not np.all(np.isfinite(pv)):
-        bad = int(np.argmax(~np.isfinite(pv).reshape(pv.shape[0], -1).all(axis=1)))
-        raise ValueError(f"pixel_values holds non-finite values (first in patch {bad})")
-    return pv, grid
+        raise ValueError(f"pixel_values holds non-finite values (NaN/Inf; first in patch {_first_bad_patch(pv)})")
+    with np.errstate(over="ignore"):
+        converted = pv.astype(dtype, copy=False)
+    if not np.all(np.isfinite(converted)):
+        raise ValueError(
+            f"pixel_values holds values too large for {np.dtype(dtype)} (first in patch {_first_bad_patch(converted)})"
+        )
+    return converted, grid
+
+
+def _first_bad_patch(pv: np.ndarray) -> int:
+    return int(np.argmax(~np.isfinite(pv).reshape(pv.shape[0], -1).all(axis=1)))
+
+
+def _as_array(name: str, value: Any) -> np.ndarray:
+    """`np.asarray(value)`, with numpy's complaint about ragged nesting turned into one naming `name`."""
+    try:
+        return np.asarray(value)
+    except ValueError as e:
+        raise ValueError(f"{name} is not a rectangular array ({e})") from None
 
 
 def validate_grid_thws(grid_thws: Any, config: VisionConfig) -> np.ndarray:
     """Check `grid_thws [N, 3]` rows `(t, h, w)`; returns an int64 copy."""
-    g = np.asarray(grid_thws)
+    g = _as_array("grid_thws", grid_thws)
     if g.ndim == 1 and g.shape == (3,):
         g = g[None]
     if g.ndim != 2 or g.shape[1] != 3 or g.shape[0] == 0:
@@ -190,6 +206,8 @@ def position_embedding(grid_thws: np.ndarray, pos_weight: np.ndarray, config: Vi
     parts = []
     time = time_sincos_table(config.vt_hidden_size, config.init_pos_emb_time).astype(pos_weight.dtype)
     for t, h, w in np.asarray(grid_thws).tolist():
+        if t > config.init_pos_emb_time:
+            raise ValueError(f"t={t} frames exceeds init_pos_emb_time={config.init_pos_emb_time}")
         grid = interpolate_pos_grid(pos_weight, h, w, config.pos_emb_interpolation_mode).reshape(h * w, -1)
         if t == 1:
             parts.append(grid)
