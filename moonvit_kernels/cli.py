@@ -1,18 +1,83 @@
 """Command line: `python -m moonvit_kernels <command>` (also installed as `moonvit-kernels`).
 
 run     encode the bundled inputs (one image + one 2-frame video) with the bundled tiny checkpoint
+encode  images -> embeddings per image (.npz), on any backend
+demo    the whole pipeline on the bundled photograph and tiny checkpoint -> PNG pictures
+golden  inputs and every intermediate stage as .npz files, for people porting MoonViT
+info    what a checkpoint holds, from the safetensors headers only (no tensor bytes read)
+
+Errors (unreadable image, incompatible checkpoint, bad arguments) exit with status 2 and one
+line on stderr naming the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 TINY_DIR = DATA_DIR / "tiny"
+PHOTO = DATA_DIR / "photo" / "grace_hopper.jpg"
+# The demo keeps the tiny model (patch 4) to about a thousand patches per image so that the
+# whole pipeline runs in about a second on a CPU; K3 itself allows 65536.
+DEMO_IN_PATCH_LIMIT = 1024
+
+
+class CLIError(Exception):
+    """A user-facing failure: printed as one line, exit status 2."""
+
+
+def one_line(message: object) -> str:
+    """An exception's message on one line (KeyError's repr quotes removed)."""
+    if isinstance(message, KeyError) and message.args:
+        message = message.args[0]
+    return " ".join(str(message).split())
+
+
+def load_checkpoint_or_fail(path: str | Path) -> tuple[Any, dict[str, np.ndarray]]:
+    """`weights.load_checkpoint`, with any failure turned into a CLIError naming the checkpoint."""
+    from .weights import load_checkpoint
+
+    path = Path(path)
+    if not path.exists():
+        raise CLIError(f"{path}: no such checkpoint (expected a directory with config.json and safetensors)")
+    config_json = (path if path.is_dir() else path.parent) / "config.json"
+    if not config_json.is_file():
+        raise CLIError(f"{path}: no config.json beside the weights (looked for {config_json})")
+    try:
+        return load_checkpoint(path)
+    except (ValueError, KeyError, FileNotFoundError, OSError) as e:
+        msg = one_line(e)
+        raise CLIError(msg if str(path) in msg else f"{path}: incompatible or unreadable checkpoint: {msg}") from None
+
+
+def preprocess_limits(args: argparse.Namespace) -> dict[str, int]:
+    """The preprocessing overrides given on the command line (None = keep the default)."""
+    return {
+        "in_patch_limit": getattr(args, "in_patch_limit", None),
+        "patch_limit_on_one_side": getattr(args, "patch_limit_on_one_side", None),
+    }
+
+
+def load_images_or_fail(paths: Sequence[str], config: Any, limits: dict[str, Any]) -> list[Any]:
+    """Preprocess each image file on its own (`Preprocessed` per file); CLIError naming the file."""
+    from .preprocess import load_image, preprocess_images
+
+    items = []
+    for path in paths:
+        try:
+            items.append(preprocess_images(load_image(path), config, **limits))
+        except ValueError as e:
+            msg = one_line(e)
+            raise CLIError(msg if str(path) in msg else f"{path}: {msg}") from None
+    return items
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -40,6 +105,319 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+# ============================================================================ encode
+def cmd_encode(args: argparse.Namespace) -> int:
+    """Preprocess each image, run the model on it, save `image_i [tokens_i, text_hidden]` per image."""
+    from tqdm import tqdm
+
+    from .model import MoonViT
+
+    config, weights = load_checkpoint_or_fail(args.weights)
+    items = load_images_or_fail(args.images, config, preprocess_limits(args))
+    try:
+        model = MoonViT(config, weights, backend=args.backend)
+    except ValueError as e:
+        raise CLIError(f"backend {args.backend!r}: {one_line(e)}") from None
+    arrays: dict[str, np.ndarray] = {}
+    start = time.perf_counter()
+    progress = tqdm(list(zip(args.images, items, strict=True)), desc="images", unit="img", disable=args.quiet)
+    for i, (path, item) in enumerate(progress):
+        progress.set_postfix_str(Path(path).name)
+        (embedding,) = model.forward(item.pixel_values, item.grid_thws, as_numpy=True)
+        arrays[f"image_{i}"] = np.asarray(embedding, dtype=np.float32)
+    seconds = time.perf_counter() - start
+    arrays["grid_thws"] = np.concatenate([item.grid_thws for item in items])
+    arrays["sources"] = np.array([str(p) for p in args.images])
+    arrays["image_sizes"] = np.array([[it.plans[0].width, it.plans[0].height] for it in items], dtype=np.int64)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(out, **arrays)
+    for i, (path, item) in enumerate(zip(args.images, items, strict=True)):
+        plan = item.plans[0]
+        print(
+            f"image_{i}: {path} {plan.width}x{plan.height} -> {plan.new_width}x{plan.new_height} "
+            f"(+pad {plan.pad_width}x{plan.pad_height}) grid {item.grid_thws[0].tolist()} "
+            f"-> {arrays[f'image_{i}'].shape}"
+        )
+    print(f"backend {model.backend_name}: {len(items)} image(s) in {seconds:.2f} s; wrote {out}")
+    return 0
+
+
+# ============================================================================ golden
+GOLDEN_README = """# Golden values for porting MoonViT (Kimi K3 vision tower)
+
+Written by `python -m moonvit_kernels golden` from the NumPy reference
+(`moonvit_kernels.reference.vision_forward`). Checkpoint: `{weights}`.
+Load any file with `numpy.load(path)`; every array is C-ordered (row-major).
+
+Sizes here: L = {L} patches, N = {N} media items, D = {D}, head_dim = {hd}, p = {p},
+merge {kh}x{kw}, M = {M} merged tokens, text width T = {T}, {layers} encoder layers.
+grid_thws = {grid}.
+
+## Files
+
+- `config.json`: the `vision_config` the values were computed with.
+- `inputs.npz`:
+  - `pixel_values [L, 3, p, p]` float32, normalised `(x/255 - 0.5)/0.5`; patches in order
+    item, frame, patch row, patch column; inside a patch: channel, pixel row, pixel column.
+  - `grid_thws [N, 3]` int64, rows `(t, h, w)`.{sources}
+- `extras.npz`:
+  - `cu_seqlens [N+1]` int64: token offsets of the packed items.
+  - `rope_angles [L, head_dim/2]` float32: complex slot 2i turns by column·f_i, slot 2i+1 by row·f_i.
+  - `rope_frequencies [head_dim/4]` float32: `f_i = 10000^(-4i/head_dim)`.
+  - `position_term [L, D]` float32: what the position embedding adds (the interpolated grid,
+    plus the sin/cos time row for video frames).
+{stage_rows}
+## Stage keys in each `stages_*.npz`, in order
+
+- `patch_embed [L, D]`: `pixel_values.reshape(L, 3·p·p) @ proj.reshape(D, 3·p·p).T`
+- `pos_emb [L, D]`: `patch_embed + position_term`
+- `layer_i [L, D]`: the output of encoder block i (i = 0 .. {last})
+- `final_norm [L, D]`: rmsnorm of the last block's output (`final_layernorm`)
+- `merged [M, kh·kw·D]`: merged tokens, frames averaged, slot-major: slot `a·kw + b` of merged
+  token `i·(w/kw) + j` holds patch `(kh·i + a)·w + (kw·j + b)`
+- `projected [M, T]`: projector output for all items, concatenated
+- `output_n [M_n, T]`: the rows of `projected` belonging to item n
+
+Compare float32 ports against `stages_float32.npz` with a relative tolerance of a few 1e-6 on the
+first stages, growing with depth; `stages_float64.npz` (when present) is the same computation in
+float64 from the same inputs and weights, the better oracle for judging float32 error.
+"""
+
+
+def write_golden(
+    out: Path,
+    weights_path: str,
+    config: Any,
+    weights: dict[str, np.ndarray],
+    pixel_values: np.ndarray,
+    grid_thws: np.ndarray,
+    float64: bool,
+    sources: Sequence[str] | None = None,
+) -> list[Path]:
+    """Write inputs, extras, stages (float32, and float64 if asked), config and README into `out`."""
+    from . import reference
+
+    pixel_values, grid_thws = reference.validate_inputs(pixel_values, grid_thws, config, np.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def save(name: str, **arrays: np.ndarray) -> None:
+        np.savez(out / name, **arrays)
+        written.append(out / name)
+
+    inputs = {"pixel_values": pixel_values, "grid_thws": grid_thws}
+    if sources:
+        inputs["sources"] = np.array([str(s) for s in sources])
+    save("inputs.npz", **inputs)
+    pos_weight = weights["vision_tower.patch_embed.pos_emb.weight"]
+    save(
+        "extras.npz",
+        cu_seqlens=reference.cu_seqlens(grid_thws),
+        rope_angles=reference.rope_angles_packed(grid_thws, config.head_dim, np.float32),
+        rope_frequencies=reference.rope_frequencies(config.head_dim, dtype=np.float32),
+        position_term=reference.position_embedding(grid_thws, pos_weight, config).astype(np.float32),
+    )
+    dtypes = ["float32", "float64"] if float64 else ["float32"]
+    M = 0
+    for dtype in dtypes:
+        outputs, stages = reference.vision_forward(
+            pixel_values, grid_thws, weights, config, dtype, return_intermediates=True
+        )
+        M = stages["merged"].shape[0]
+        save(f"stages_{dtype}.npz", **stages, **{f"output_{n}": o for n, o in enumerate(outputs)})
+    (out / "config.json").write_text(json.dumps({"vision_config": config.to_dict()}, indent=2) + "\n")
+    written.append(out / "config.json")
+    rows = "".join(
+        f"- `stages_{d}.npz`: every intermediate of `vision_forward` computed in {d} (keys below).\n" for d in dtypes
+    )
+    kh, kw = config.merge_kernel_size
+    readme = GOLDEN_README.format(
+        weights=weights_path,
+        L=pixel_values.shape[0],
+        N=grid_thws.shape[0],
+        D=config.vt_hidden_size,
+        hd=config.head_dim,
+        p=config.patch_size,
+        kh=kh,
+        kw=kw,
+        M=M,
+        T=config.text_hidden_size,
+        layers=config.vt_num_hidden_layers,
+        last=config.vt_num_hidden_layers - 1,
+        grid=grid_thws.tolist(),
+        sources="\n  - `sources [N]` str: the image files." if sources else "",
+        stage_rows=rows,
+    )
+    (out / "README.md").write_text(readme)
+    written.append(out / "README.md")
+    return written
+
+
+def cmd_golden(args: argparse.Namespace) -> int:
+    """Golden inputs + stages for the bundled inputs (default) or preprocessed `--image` files."""
+    config, weights = load_checkpoint_or_fail(args.weights)
+    sources = None
+    if args.image:
+        from .preprocess import Preprocessed
+
+        items = load_images_or_fail(args.image, config, preprocess_limits(args))
+        packed: Preprocessed = items[0]
+        for item in items[1:]:
+            packed = packed + item
+        pixel_values, grid_thws, sources = packed.pixel_values, packed.grid_thws, args.image
+    else:
+        try:
+            with np.load(args.inputs) as data:
+                pixel_values, grid_thws = data["pixel_values"], data["grid_thws"]
+        except (OSError, KeyError, ValueError) as e:
+            raise CLIError(f"{args.inputs}: cannot read pixel_values and grid_thws ({one_line(e)})") from None
+    try:
+        written = write_golden(
+            Path(args.out), args.weights, config, weights, pixel_values, grid_thws, args.float64, sources
+        )
+    except ValueError as e:
+        raise CLIError(f"inputs do not fit checkpoint {args.weights}: {one_line(e)}") from None
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+# ============================================================================ info
+def checkpoint_report(path: str | Path) -> tuple[list[str], bool]:
+    """Lines describing a checkpoint from its headers alone, and whether it matches its config."""
+    from .weights import SafetensorsFile, checkpoint_files, expected_shapes, is_vision_key, load_config
+    from .weights import parameter_count as expected_parameter_count
+
+    path = Path(path)
+    try:
+        where = checkpoint_files(path)
+        headers = {f: SafetensorsFile(f) for f in sorted(set(where.values()))}
+    except (ValueError, KeyError, FileNotFoundError, OSError) as e:
+        raise CLIError(one_line(e) if str(path) in one_line(e) else f"{path}: {one_line(e)}") from None
+    lines = [f"checkpoint {path}: {len(headers)} safetensors file(s), {len(where)} tensors"]
+    try:
+        config = load_config(path)
+    except (FileNotFoundError, ValueError) as e:
+        config = None
+        lines.append(f"config: none usable ({one_line(e)})")
+    if config is not None:
+        kh, kw = config.merge_kernel_size
+        lines.append(
+            f"config: patch {config.patch_size}, D={config.vt_hidden_size}, heads={config.vt_num_attention_heads} "
+            f"(head_dim {config.head_dim}), qkv={config.qkv_hidden_size}, mlp={config.vt_intermediate_size}, "
+            f"layers={config.vt_num_hidden_layers}, pos grid {config.init_pos_emb_height}x{config.init_pos_emb_width}"
+            f" ({config.pos_emb_interpolation_mode}), merge {kh}x{kw}, text_hidden={config.text_hidden_size}"
+        )
+    vision = sorted(k for k in where if is_vision_key(k))
+    others = len(where) - len(vision)
+    found_params = 0
+    found_bytes = 0
+    lines.append(f"vision tensors: {len(vision)}")
+    for name in vision:
+        header = headers[where[name]]
+        if name not in header.entries:
+            lines.append(f"  {name}: listed in the index but missing from {where[name].name}")
+            continue
+        shape = header.shape(name)
+        begin, end = header.entries[name]["data_offsets"]
+        found_params += int(np.prod(shape))
+        found_bytes += int(end) - int(begin)
+        lines.append(f"  {name}  {header.dtype(name)} {list(shape)}")
+    lines.append(f"other tensors: {others} (not read)")
+    lines.append(f"vision parameters in the file: {found_params:,} ({found_bytes / 2**20:.1f} MiB)")
+    ok = True
+    if config is not None:
+        counts = expected_parameter_count(config)
+        lines.append(
+            f"parameters the config needs: {counts['total']:,} "
+            f"(tower {counts['vision_tower']:,} + projector {counts['mm_projector']:,})"
+        )
+        expected = expected_shapes(config)
+        problems = []
+        for name, shape in expected.items():
+            if name not in where or name not in headers[where[name]].entries:
+                problems.append(f"missing {name} {list(shape)}")
+            elif headers[where[name]].shape(name) != shape:
+                problems.append(f"{name} has shape {list(headers[where[name]].shape(name))}, expected {list(shape)}")
+        problems += [f"unexpected {name}" for name in vision if name not in expected]
+        ok = not problems
+        lines.append("matches its config: yes" if ok else f"matches its config: NO ({len(problems)} problem(s))")
+        lines += [f"  {p}" for p in problems[:20]]
+    return lines, ok
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Print `checkpoint_report`; exit status 1 when the tensors do not match the config."""
+    lines, ok = checkpoint_report(args.path)
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+# ============================================================================ demo
+def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[Path]:
+    """The whole pipeline on a photograph and the tiny checkpoint; returns the PNGs written.
+
+    Two media items are packed (the photograph and a crop of it) so the attention mask has blocks.
+    """
+    from . import reference, viz
+    from .model import MoonViT
+    from .preprocess import load_image, preprocess_images
+
+    config, weights = load_checkpoint_or_fail(TINY_DIR)
+    try:
+        photo = load_image(image).convert("RGB")
+    except ValueError as e:
+        raise CLIError(one_line(e)) from None
+    w0, h0 = photo.size
+    crop = photo.crop((w0 // 4, h0 // 8, w0 // 4 + w0 // 2, h0 // 8 + w0 // 2))
+    batch = preprocess_images([photo, crop], config, in_patch_limit=in_patch_limit)
+    p = config.patch_size
+    (_, h, w), (_, hc, wc) = batch.grid_thws.tolist()
+    print(
+        f"demo: tiny checkpoint (patch {p}, D={config.vt_hidden_size}, {config.vt_num_hidden_layers} layers), "
+        f"image {image.name} {w0}x{h0} -> grid {h}x{w}, crop -> grid {hc}x{wc}; "
+        f"in_patch_limit={in_patch_limit} (K3 uses 65536) keeps it fast on a CPU"
+    )
+    model = MoonViT(config, weights, backend=backend)
+    start = time.perf_counter()
+    outputs, stages = model.forward(batch.pixel_values, batch.grid_thws, return_intermediates=True, as_numpy=True)
+    seconds = time.perf_counter() - start
+    print(f"backend {model.backend_name}: {batch.pixel_values.shape[0]} patches in {seconds:.2f} s")
+    ref64 = reference.vision_forward(batch.pixel_values, batch.grid_thws, weights, config, np.float64)
+    features = np.asarray(stages["final_norm"])[: h * w]
+    padded = batch.frames[0][0]
+    plan = batch.plans[0]
+    figures = {
+        "01_patch_grid.png": viz.patch_grid_overlay(
+            padded, p, config.merge_kernel_size, (plan.new_width, plan.new_height)
+        ),
+        "02_rope_frequency_maps.png": viz.rope_frequency_maps(h, w, config.head_dim),
+        "03_rope_offset_invariance.png": viz.rope_offset_invariance(config.head_dim),
+        "04_merge_index_map.png": viz.merge_index_map(6, 8, config.merge_kernel_size),  # small: numbers readable
+        "05_attention_mask.png": viz.attention_mask_picture(batch.grid_thws),
+        "06_pca_features.png": viz.pca_overlay(features, (h, w), padded, p),
+        "07_error_vs_float64.png": viz.error_heatmap(
+            np.concatenate([np.asarray(o) for o in outputs]),
+            np.concatenate(ref64),
+            title=f"projected output, {model.backend_name} float32 vs NumPy float64",
+        ),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in figures.items():
+        fig.savefig(out / name, dpi=110)
+        written.append(out / name)
+    return written
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    written = run_demo(Path(args.out), Path(args.image), args.backend, args.in_patch_limit)
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="moonvit_kernels", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -47,6 +425,39 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--weights", default=str(TINY_DIR), help="checkpoint directory (config.json + safetensors)")
     run.add_argument("--inputs", default=str(TINY_DIR / "inputs.npz"), help=".npz with pixel_values and grid_thws")
     run.set_defaults(func=cmd_run)
+
+    def limits(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--in-patch-limit", type=int, help="most patches per image before shrinking (K3: 65536)")
+        p.add_argument("--patch-limit-on-one-side", type=int, help="most patches along one side (K3: 512)")
+
+    enc = sub.add_parser("encode", help="images -> embeddings per image (.npz)")
+    enc.add_argument("images", nargs="+", metavar="IMAGE", help="image files (any format PIL reads)")
+    enc.add_argument("--weights", default=str(TINY_DIR), help="checkpoint directory (default: bundled tiny)")
+    enc.add_argument("--backend", default="auto", help="auto, numpy, numba or cupy (default auto)")
+    enc.add_argument("--out", default="embeddings.npz", help="output .npz (default embeddings.npz)")
+    enc.add_argument("--quiet", action="store_true", help="no progress bar")
+    limits(enc)
+    enc.set_defaults(func=cmd_encode)
+
+    demo = sub.add_parser("demo", help="pictures of the whole pipeline on a bundled photograph (no GPU needed)")
+    demo.add_argument("--out", default="demo_out", help="output folder (default ./demo_out)")
+    demo.add_argument("--image", default=str(PHOTO), help="photograph (default: the bundled one)")
+    demo.add_argument("--backend", default="auto", help="auto, numpy, numba or cupy (default auto)")
+    demo.add_argument("--in-patch-limit", type=int, default=DEMO_IN_PATCH_LIMIT, help=f"default {DEMO_IN_PATCH_LIMIT}")
+    demo.set_defaults(func=cmd_demo)
+
+    gold = sub.add_parser("golden", help="inputs and every intermediate stage as .npz, for porters")
+    gold.add_argument("--weights", default=str(TINY_DIR), help="checkpoint directory (default: bundled tiny)")
+    gold.add_argument("--out", required=True, help="output folder")
+    gold.add_argument("--image", nargs="+", help="image files to preprocess (default: the bundled inputs.npz)")
+    gold.add_argument("--inputs", default=str(TINY_DIR / "inputs.npz"), help=".npz with pixel_values, grid_thws")
+    gold.add_argument("--float64", action="store_true", help="also write the stages computed in float64")
+    limits(gold)
+    gold.set_defaults(func=cmd_golden)
+
+    info = sub.add_parser("info", help="what a checkpoint holds (headers only)")
+    info.add_argument("path", help="checkpoint directory, or one .safetensors file")
+    info.set_defaults(func=cmd_info)
     return parser
 
 
@@ -54,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except CLIError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (ValueError, KeyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -245,14 +245,14 @@ def patch_grid_overlay(
     ax.hlines(np.arange(0, H + 1, p) - 0.5, -0.5, W - 0.5, colors="white", linewidths=0.4, alpha=0.7)
     if merge_kernel_size is not None:
         kh, kw = (int(k) for k in merge_kernel_size)
-        ax.vlines(np.arange(0, W + 1, p * kw) - 0.5, -0.5, H - 0.5, colors="yellow", linewidths=1.2)
-        ax.hlines(np.arange(0, H + 1, p * kh) - 0.5, -0.5, W - 0.5, colors="yellow", linewidths=1.2)
+        ax.vlines(np.arange(0, W + 1, p * kw) - 0.5, -0.5, H - 0.5, colors="yellow", linewidths=0.9)
+        ax.hlines(np.arange(0, H + 1, p * kh) - 0.5, -0.5, W - 0.5, colors="yellow", linewidths=0.9)
     if content_size is not None:
         cw, ch = content_size
         for x, y, ww, hh in ((cw - 0.5, -0.5, W - cw, H), (-0.5, ch - 0.5, cw, H - ch)):
             if ww > 0 and hh > 0:
                 ax.add_patch(_hatch(x, y, ww, hh))
-    ax.set_title(f"{W}×{H} pixels = {H // p}×{W // p} patches of {p}×{p}", fontsize=9)
+    ax.set_title(f"{W}×{H} pixels (W×H) = {H // p} rows × {W // p} columns of {p}×{p} patches", fontsize=9)
     ax.set_xlim(-0.5, W - 0.5)
     ax.set_ylim(H - 0.5, -0.5)
     return fig

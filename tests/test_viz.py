@@ -133,7 +133,7 @@ def test_patch_grid_overlay_draws_the_image_and_lines():
     segments = [len(c.get_segments()) for c in ax.collections if isinstance(c, LineCollection)]
     assert segments == [6, 4, 3, 2]  # lines at multiples of 4 (columns, rows) and of 8 (merge)
     assert len(ax.patches) == 2  # padding on the right and at the bottom
-    assert "3×5 patches" in ax.get_title()
+    assert "3 rows × 5 columns" in ax.get_title()
     with pytest.raises(ValueError, match=r"\[H, W, 3\]"):
         viz.patch_grid_overlay(np.zeros((4, 4)), 2)
 

@@ -1,0 +1,249 @@
+"""The command line end to end on bundled data: exit codes, files written, one-line errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import assert_close, fp32_rtol
+from PIL import Image
+
+from moonvit_kernels import cli
+from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.preprocess import preprocess_images
+from moonvit_kernels.reference import vision_forward
+from moonvit_kernels.weights import (
+    SafetensorsFile,
+    expected_shapes,
+    load_checkpoint,
+    parameter_count,
+    random_weights,
+    save_checkpoint,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "data" / "tiny"
+PHOTO = ROOT / "data" / "photo" / "grace_hopper.jpg"
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("error: ")
+    return err[0]
+
+
+@pytest.fixture(scope="module")
+def second_image(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("img") / "noise.png"
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+# ============================================================================ run
+def test_run_in_process(capsys):
+    assert cli.main(["run"]) == 0
+    out = capsys.readouterr().out
+    assert "item 0 image grid (t,h,w)=(1,6,8)" in out
+    assert "item 1 video (2 frames)" in out
+
+
+def test_run_as_module_in_a_subprocess():
+    r = subprocess.run(
+        [sys.executable, "-m", "moonvit_kernels", "run"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert "backend: numpy reference (CPU)" in r.stdout
+
+
+# ============================================================================ encode
+def test_encode_writes_embeddings_per_image(tmp_path, second_image, capsys):
+    out = tmp_path / "sub" / "emb.npz"
+    argv = ["encode", str(PHOTO), str(second_image), "--weights", str(TINY), "--backend", "numpy"]
+    rc = cli.main([*argv, "--out", str(out), "--in-patch-limit", "200", "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert str(out) in printed and "backend numpy" in printed
+    config, weights = load_checkpoint(TINY)
+    with np.load(out) as data:
+        assert sorted(data.files) == ["grid_thws", "image_0", "image_1", "image_sizes", "sources"]
+        assert data["sources"].tolist() == [str(PHOTO), str(second_image)]
+        assert data["image_sizes"].tolist() == [[256, 300], [53, 37]]
+        for i, path in enumerate([PHOTO, second_image]):
+            item = preprocess_images(path, config, in_patch_limit=200)
+            np.testing.assert_array_equal(data["grid_thws"][i], item.grid_thws[0])
+            (ref,) = vision_forward(item.pixel_values, item.grid_thws, weights, config, np.float64)
+            t, h, w = item.grid_thws[0]
+            assert data[f"image_{i}"].shape == (h * w // 4, config.text_hidden_size)
+            assert_close(data[f"image_{i}"], ref, rtol=fp32_rtol(config.merged_hidden_size, 64), atol=1e-5)
+
+
+def test_encode_names_a_missing_or_unreadable_image(tmp_path, capsys):
+    missing = tmp_path / "missing.png"
+    assert cli.main(["encode", str(PHOTO), str(missing), "--out", str(tmp_path / "e.npz"), "--quiet"]) == 2
+    line = error_line(capsys)
+    assert str(missing) in line and "no such image file" in line
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8 not really a jpeg")
+    assert cli.main(["encode", str(broken), "--out", str(tmp_path / "e.npz"), "--quiet"]) == 2
+    line = error_line(capsys)
+    assert str(broken) in line and "cannot read as an image" in line
+    assert not (tmp_path / "e.npz").exists()
+
+
+def test_encode_rejects_a_checkpoint_missing_a_tensor(tmp_path, capsys):
+    config = VisionConfig.tiny()
+    weights = random_weights(config, seed=3)
+    del weights["vision_tower.encoder.blocks.1.wo.weight"]
+    save_checkpoint(tmp_path / "ckpt", weights, config)
+    assert cli.main(["encode", str(PHOTO), "--weights", str(tmp_path / "ckpt"), "--quiet"]) == 2
+    line = error_line(capsys)
+    assert str(tmp_path / "ckpt") in line and "blocks.1.wo.weight" in line
+
+
+def test_encode_rejects_a_patch_size_mismatch(tmp_path, capsys):
+    """Weights cut for patch 6 under a config.json that says patch 4."""
+    config = VisionConfig.tiny()
+    save_checkpoint(tmp_path / "ckpt", random_weights(config.replace(patch_size=6), seed=4), config)
+    assert cli.main(["encode", str(PHOTO), "--weights", str(tmp_path / "ckpt"), "--quiet"]) == 2
+    line = error_line(capsys)
+    assert "patch_embed.proj.weight" in line and "(32, 3, 6, 6)" in line and str(tmp_path / "ckpt") in line
+
+
+def test_encode_names_a_missing_checkpoint_or_config(tmp_path, capsys):
+    assert cli.main(["encode", str(PHOTO), "--weights", str(tmp_path / "none"), "--quiet"]) == 2
+    assert f"{tmp_path / 'none'}: no such checkpoint" in error_line(capsys)
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["encode", str(PHOTO), "--weights", str(tmp_path / "empty"), "--quiet"]) == 2
+    assert "no config.json" in error_line(capsys)
+
+
+def test_encode_reports_an_unknown_backend(capsys, tmp_path):
+    assert cli.main(["encode", str(PHOTO), "--backend", "tpu", "--out", str(tmp_path / "e.npz"), "--quiet"]) == 2
+    assert "unknown backend 'tpu'" in error_line(capsys)
+
+
+# ============================================================================ golden
+def test_golden_default_inputs_and_float64(tmp_path, capsys):
+    out = tmp_path / "golden"
+    assert cli.main(["golden", "--out", str(out), "--float64"]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [
+        "README.md",
+        "config.json",
+        "extras.npz",
+        "inputs.npz",
+        "stages_float32.npz",
+        "stages_float64.npz",
+    ]
+    config, weights = load_checkpoint(TINY)
+    bundled = np.load(TINY / "inputs.npz")
+    with np.load(out / "inputs.npz") as inputs:
+        np.testing.assert_array_equal(inputs["pixel_values"], bundled["pixel_values"])
+        np.testing.assert_array_equal(inputs["grid_thws"], bundled["grid_thws"])
+    for dtype in ("float32", "float64"):
+        outputs, stages = vision_forward(
+            bundled["pixel_values"], bundled["grid_thws"], weights, config, dtype, return_intermediates=True
+        )
+        with np.load(out / f"stages_{dtype}.npz") as saved:
+            assert list(saved.files) == [*stages, "output_0", "output_1"]
+            for key, value in stages.items():
+                assert saved[key].dtype == np.dtype(dtype), key
+                np.testing.assert_array_equal(saved[key], value, err_msg=key)
+            np.testing.assert_array_equal(saved["output_1"], outputs[1])
+    with np.load(out / "extras.npz") as extras:
+        assert extras["cu_seqlens"].tolist() == [0, 48, 80]
+        assert extras["rope_angles"].shape == (80, config.head_dim // 2)
+        assert extras["position_term"].shape == (80, config.vt_hidden_size)
+    readme = (out / "README.md").read_text()
+    for name in names[1:]:
+        assert f"`{name}`" in readme, name
+    assert "layer_i [L, D]" in readme and "i = 0 .. 1" in readme
+    assert VisionConfig.from_json(out / "config.json") == config
+    assert capsys.readouterr().out.count("wrote ") == 6
+
+
+def test_golden_from_an_image(tmp_path, second_image):
+    out = tmp_path / "g"
+    argv = ["golden", "--out", str(out), "--image", str(second_image), "--in-patch-limit", "64"]
+    assert cli.main(argv) == 0
+    config, _ = load_checkpoint(TINY)
+    item = preprocess_images(second_image, config, in_patch_limit=64)
+    with np.load(out / "inputs.npz") as inputs:
+        np.testing.assert_array_equal(inputs["pixel_values"], item.pixel_values)
+        assert inputs["sources"].tolist() == [str(second_image)]
+    assert not (out / "stages_float64.npz").exists()
+
+
+def test_golden_rejects_inputs_that_do_not_fit(tmp_path, capsys):
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, pixel_values=np.zeros((5, 3, 4, 4), np.float32), grid_thws=np.array([[1, 2, 2]]))
+    assert cli.main(["golden", "--out", str(tmp_path / "g"), "--inputs", str(bad)]) == 2
+    assert "needs sum(t*h*w) = 4" in error_line(capsys)
+
+
+# ============================================================================ info
+def test_info_reads_headers_only(monkeypatch, capsys):
+    def no_reading(self, name):
+        raise AssertionError(f"info read the bytes of {name}")
+
+    monkeypatch.setattr(SafetensorsFile, "read", no_reading)
+    assert cli.main(["info", str(TINY)]) == 0
+    out = capsys.readouterr().out
+    config = VisionConfig.tiny()
+    total = parameter_count(config)["total"]
+    assert f"vision parameters in the file: {total:,}" in out
+    assert f"parameters the config needs: {total:,}" in out
+    assert f"vision tensors: {len(expected_shapes(config))}" in out
+    assert "vision_tower.encoder.blocks.0.wqkv.weight  BF16 [144, 32]" in out
+    assert "other tensors: 0 (not read)" in out
+    assert "matches its config: yes" in out
+
+
+def test_info_on_a_sharded_checkpoint_with_decoder_tensors(tmp_path, capsys):
+    config = VisionConfig.tiny()
+    weights = random_weights(config, seed=5)
+    weights["vision_tower.encoder.blocks.0.wo.weight"] = np.zeros((32, 40), np.float32)  # wrong shape
+    extra = {f"language_model.layers.{i}.w": np.ones((3, 3), np.float32) for i in range(4)}
+    save_checkpoint(tmp_path / "ck", weights, config, shards=3, extra_tensors=extra)
+    assert cli.main(["info", str(tmp_path / "ck")]) == 1
+    out = capsys.readouterr().out
+    assert "3 safetensors file(s)" in out
+    assert "other tensors: 4 (not read)" in out
+    assert "matches its config: NO (1 problem(s))" in out
+    assert "blocks.0.wo.weight has shape [32, 40], expected [32, 48]" in out
+
+
+def test_info_on_a_missing_path(tmp_path, capsys):
+    assert cli.main(["info", str(tmp_path / "nothing")]) == 2
+    assert str(tmp_path / "nothing") in error_line(capsys)
+
+
+# ============================================================================ demo
+def test_demo_writes_pictures(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert cli.main(["demo", "--out", str(out), "--in-patch-limit", "256"]) == 0
+    printed = capsys.readouterr().out
+    pngs = sorted(out.glob("*.png"))
+    assert [p.name for p in pngs] == [
+        "01_patch_grid.png",
+        "02_rope_frequency_maps.png",
+        "03_rope_offset_invariance.png",
+        "04_merge_index_map.png",
+        "05_attention_mask.png",
+        "06_pca_features.png",
+        "07_error_vs_float64.png",
+    ]
+    for png in pngs:
+        assert f"wrote {png}" in printed
+        with Image.open(png) as im:
+            assert im.format == "PNG" and min(im.size) > 100
+    assert "in_patch_limit=256" in printed
+
+
+def test_bad_command_line_exits_with_status_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["encode"])
+    assert e.value.code == 2
