@@ -226,7 +226,10 @@ def load_weights(path: str | os.PathLike, config: VisionConfig | None = None) ->
             headers[file] = SafetensorsFile(file)
         if name not in headers[file].entries:
             raise KeyError(f"index names {name!r} in {file.name} but that file does not hold it")
-        weights[name] = headers[file].read(name)
+        tensor = headers[file].read(name)
+        if not np.all(np.isfinite(tensor)):
+            raise ValueError(f"tensor {name!r} in {file.name} holds NaN or Inf values")
+        weights[name] = tensor
     check_weights(weights, config)
     return weights
 

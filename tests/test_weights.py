@@ -204,3 +204,10 @@ def test_check_weights_rejects_integer_and_non_mapping(wts):
         W.check_weights(wts, CFG)
     with pytest.raises(ValueError, match="mapping"):
         W.check_weights([1, 2], CFG)
+
+
+def test_non_finite_tensor_in_file(tmp_path, wts):
+    wts["vision_tower.encoder.blocks.0.wqkv.weight"][3, 4] = np.nan
+    W.save_checkpoint(tmp_path, wts, CFG)
+    with pytest.raises(ValueError, match=r"blocks\.0\.wqkv\.weight.*NaN or Inf"):
+        W.load_weights(tmp_path)
