@@ -58,6 +58,16 @@ def load_checkpoint_or_fail(path: str | Path) -> tuple[Any, dict[str, np.ndarray
         raise CLIError(msg if str(path) in msg else f"{path}: incompatible or unreadable checkpoint: {msg}") from None
 
 
+def make_model(config: Any, weights: dict[str, np.ndarray], backend: str) -> Any:
+    """`MoonViT` on `backend`; a backend that cannot run here becomes a CLIError."""
+    from .model import MoonViT
+
+    try:
+        return MoonViT(config, weights, backend=backend)
+    except (ValueError, ImportError) as e:
+        raise CLIError(f"backend {backend!r}: {one_line(e)}") from None
+
+
 def preprocess_limits(args: argparse.Namespace) -> dict[str, int]:
     """The preprocessing overrides given on the command line (None = keep the default)."""
     return {
@@ -110,14 +120,9 @@ def cmd_encode(args: argparse.Namespace) -> int:
     """Preprocess each image, run the model on it, save `image_i [tokens_i, text_hidden]` per image."""
     from tqdm import tqdm
 
-    from .model import MoonViT
-
     config, weights = load_checkpoint_or_fail(args.weights)
     items = load_images_or_fail(args.images, config, preprocess_limits(args))
-    try:
-        model = MoonViT(config, weights, backend=args.backend)
-    except ValueError as e:
-        raise CLIError(f"backend {args.backend!r}: {one_line(e)}") from None
+    model = make_model(config, weights, args.backend)
     arrays: dict[str, np.ndarray] = {}
     start = time.perf_counter()
     progress = tqdm(list(zip(args.images, items, strict=True)), desc="images", unit="img", disable=args.quiet)
@@ -361,7 +366,6 @@ def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[
     Two media items are packed (the photograph and a crop of it) so the attention mask has blocks.
     """
     from . import reference, viz
-    from .model import MoonViT
     from .preprocess import load_image, preprocess_images
 
     config, weights = load_checkpoint_or_fail(TINY_DIR)
@@ -379,7 +383,7 @@ def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[
         f"image {image.name} {w0}x{h0} -> grid {h}x{w}, crop -> grid {hc}x{wc}; "
         f"in_patch_limit={in_patch_limit} (K3 uses 65536) keeps it fast on a CPU"
     )
-    model = MoonViT(config, weights, backend=backend)
+    model = make_model(config, weights, backend)
     start = time.perf_counter()
     outputs, stages = model.forward(batch.pixel_values, batch.grid_thws, return_intermediates=True, as_numpy=True)
     seconds = time.perf_counter() - start
