@@ -58,13 +58,18 @@ def check_array(
     if shape is not None:
         for axis, (g, want) in enumerate(zip(got, shape, strict=True)):
             if want is not None and g != want:
-                want_str = tuple("?" if s is None else s for s in shape)
-                raise ValueError(f"{name}: shape {got} does not match {want_str} (axis {axis})")
+                raise ValueError(f"{name}: shape {got} does not match {_shape_str(shape)} (axis {axis})")
     if not allow_empty and 0 in got:
         raise ValueError(f"{name}: shape {got} is empty")
     if not _is_c_contiguous(arr):
         raise ValueError(f"{name}: array is not C-contiguous (strides {tuple(arr.strides)}); make a contiguous copy")
     return got
+
+
+def _shape_str(shape: Sequence[int | None]) -> str:
+    """`(?, 144)` for `(None, 144)`: None marks an axis of any size."""
+    parts = ["?" if s is None else str(s) for s in shape]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
 def _is_c_contiguous(arr: Any) -> bool:

@@ -1,0 +1,117 @@
+"""2D RoPE applied in place to the q and k parts of the packed qkv buffer (SPEC stage 3, step 4).
+
+Layout: `qkv [L, 3·Q]` row-major, column `s·Q + head·hd + d` with s = 0 (q), 1 (k), 2 (v);
+`grid_thws [N, 3]` int32 rows `(t, h, w)` and `cu_seqlens [N + 1]` int32 token offsets of the
+packed media items (`launch.grid_table`, `launch.cu_seqlens_table`). v is never touched.
+
+One kernel, `rope2d_kernel`: one block per token. The block finds the token's item and its
+patch (row r, column c) within its frame (every frame of a video reuses the same 2D positions);
+each thread then takes one (s, head, i) with i < hd/4 and rotates two interleaved pairs
+(NOT rotate-half), with `f_i = 10000^(−4i/hd)` computed in float32 on the device:
+
+    dims (4i, 4i+1)   by angle c·f_i   (width)
+    dims (4i+2, 4i+3) by angle r·f_i   (height)
+    (a, b) -> (a·cos − b·sin, a·sin + b·cos)
+
+Column offset of that quad: `s·Q + head·hd + 4i = (s·H + head)·hd + 4i`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import cuda, float32
+
+from ..config import ROPE_MAX_SIDE, ROPE_THETA
+from .launch import check_array, check_positive, copy_back, threads_for, to_device
+
+SIGNATURE = "void(float32[:, ::1], int32[:, ::1], int32[::1], int32, int32, int32, int32)"
+
+_THETA = np.float32(ROPE_THETA)
+_ONE = np.float32(1.0)
+
+
+@cuda.jit
+def rope2d_kernel(qkv, grid_thws, cu_seqlens, n_items, L, heads, head_dim):
+    l = cuda.blockIdx.x
+    if l >= L:
+        return
+    item = -1
+    for n in range(n_items):
+        if cu_seqlens[n] <= l and l < cu_seqlens[n + 1]:
+            item = n
+    if item < 0:
+        return
+    h = grid_thws[item, 1]
+    w = grid_thws[item, 2]
+    p = (l - cu_seqlens[item]) % (h * w)  # position within the frame
+    row = float32(p // w)
+    col = float32(p % w)
+
+    quads = head_dim // 4
+    for job in range(cuda.threadIdx.x, 2 * heads * quads, cuda.blockDim.x):
+        i = job % quads
+        base = (job // quads) * head_dim + 4 * i  # job // quads = s·H + head, s in {q, k}
+        freq = _ONE / _THETA ** (float32(4 * i) / float32(head_dim))
+        for pair in range(2):
+            angle = (col if pair == 0 else row) * freq
+            cos = math.cos(angle)
+            sin = math.sin(angle)
+            j = base + 2 * pair
+            a = qkv[l, j]
+            b = qkv[l, j + 1]
+            qkv[l, j] = a * cos - b * sin
+            qkv[l, j + 1] = a * sin + b * cos
+
+
+COMPILE_SIGNATURES = [(rope2d_kernel.py_func, SIGNATURE)]
+
+
+def check_packed_tables(grid_thws: np.ndarray, cu_seqlens: np.ndarray, L: int) -> None:
+    """Validate host tables: t, h, w >= 1, h, w <= 512 (the RoPE grid limit), cu_seqlens the
+    running sum of t·h·w from 0, ending at L."""
+    if np.any(grid_thws < 1):
+        raise ValueError(f"grid_thws: every t, h, w must be >= 1, got {grid_thws.tolist()}")
+    if np.any(grid_thws[:, 1:] > ROPE_MAX_SIDE):
+        raise ValueError(f"grid_thws: h and w must be <= {ROPE_MAX_SIDE} (RoPE grid limit), got {grid_thws.tolist()}")
+    expected = np.concatenate([[0], np.cumsum(np.prod(grid_thws.astype(np.int64), axis=1))])
+    if not np.array_equal(cu_seqlens, expected):
+        raise ValueError(f"cu_seqlens {cu_seqlens.tolist()} does not match grid_thws (expected {expected.tolist()})")
+    if int(expected[-1]) != L:
+        raise ValueError(f"grid_thws covers {int(expected[-1])} tokens but qkv holds L = {L}")
+
+
+def rope2d(
+    qkv: Any,
+    grid_thws: Any,
+    cu_seqlens: Any,
+    heads: int,
+    head_dim: int,
+    threads: int | None = None,
+) -> Any:
+    """Rotate q and k of `qkv [L, 3·heads·head_dim]` in place by the 2D RoPE of each token's patch.
+
+    `grid_thws [N, 3]`, `cu_seqlens [N + 1]` int32. Returns the device array holding qkv.
+    Arguments may be numba device arrays or NumPy arrays (copied to the device; a NumPy qkv is
+    updated in place). NumPy tables are checked against each other and L; device tables only
+    for dtype and shape (build them with `launch.grid_table` / `launch.cu_seqlens_table`).
+    """
+    heads = check_positive("heads", heads)
+    head_dim = check_positive("head_dim", head_dim)
+    if head_dim % 4:
+        raise ValueError(f"head_dim={head_dim} must be a multiple of 4 (width and height pairs)")
+    L, _ = check_array("qkv", qkv, shape=(None, 3 * heads * head_dim))
+    N, _ = check_array("grid_thws", grid_thws, dtype=np.int32, shape=(None, 3))
+    check_array("cu_seqlens", cu_seqlens, dtype=np.int32, shape=(N + 1,))
+    if isinstance(grid_thws, np.ndarray) and isinstance(cu_seqlens, np.ndarray):
+        check_packed_tables(grid_thws, cu_seqlens, L)
+    threads = threads_for(2 * heads * head_dim // 4, max_threads=128) if threads is None else threads
+
+    qkv_d = to_device(qkv)
+    rope2d_kernel[L, threads](
+        qkv_d, to_device(grid_thws), to_device(cu_seqlens), *(np.int32(v) for v in (N, L, heads, head_dim))
+    )
+    copy_back(qkv, qkv_d)
+    return qkv_d

@@ -1,0 +1,84 @@
+"""2D RoPE kernel (in place on q and k of the packed qkv buffer) vs the NumPy reference."""
+
+import numpy as np
+import pytest
+from helpers import assert_close
+
+from moonvit_kernels import reference
+from moonvit_kernels.kernels import launch
+from moonvit_kernels.kernels import rope as R
+
+HEADS, HD = 2, 24  # head_dim a multiple of 4 but not a power of two
+Q = HEADS * HD
+GRID = np.array([(1, 4, 6), (3, 2, 5)])  # an image and a video; h != w so swapped slots fail
+
+
+def qkv_data(L: int, seed: int) -> np.ndarray:
+    r = np.random.default_rng(seed)
+    return (r.standard_normal((L, 3 * Q)) + r.uniform(-0.5, 0.5, (1, 3 * Q))).astype(np.float32)
+
+
+def expected(qkv: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Reference: rotate q and k by float32 angles (as the source does), in float64 maths."""
+    L = qkv.shape[0]
+    angles = reference.rope_angles_packed(grid, HD, np.float32)
+    x = qkv.astype(np.float64)
+    out = x.copy()
+    out[:, :Q] = reference.apply_rope(x[:, :Q].reshape(L, HEADS, HD), angles).reshape(L, Q)
+    out[:, Q : 2 * Q] = reference.apply_rope(x[:, Q : 2 * Q].reshape(L, HEADS, HD), angles).reshape(L, Q)
+    return out
+
+
+@pytest.mark.parametrize("threads", [None, 32])
+def test_rope2d_matches_reference(threads):
+    L = int(np.prod(GRID, axis=1).sum())
+    qkv = qkv_data(L, seed=1)
+    qkv_d = launch.to_device(qkv)
+    got = R.rope2d(
+        qkv_d, launch.grid_table(GRID), launch.cu_seqlens_table(GRID), HEADS, HD, threads=threads
+    ).copy_to_host()
+    ref = expected(qkv, GRID)
+    assert_close(got[:, :Q], ref[:, :Q], rtol=1e-5, atol=2e-6, name="q")
+    assert_close(got[:, Q : 2 * Q], ref[:, Q : 2 * Q], rtol=1e-5, atol=2e-6, name="k")
+    np.testing.assert_array_equal(got[:, 2 * Q :], qkv[:, 2 * Q :], err_msg="v must be untouched")
+
+
+def test_rope2d_numpy_in_place_and_every_frame_same():
+    grid = np.array([(2, 3, 2)])
+    qkv = np.tile(qkv_data(6, seed=2), (2, 1))  # both frames hold the same tokens
+    before = qkv.copy()
+    R.rope2d(qkv, launch.grid_table(grid), launch.cu_seqlens_table(grid), HEADS, HD)
+    assert_close(qkv, expected(before, grid), rtol=1e-5, atol=2e-6, name="qkv")
+    np.testing.assert_array_equal(qkv[:6], qkv[6:], err_msg="frames of a video share the 2D table")
+
+
+def test_position_zero_is_identity_and_rotation_moves_values():
+    qkv = qkv_data(int(np.prod(GRID, axis=1).sum()), seed=3)
+    got = R.rope2d(qkv.copy(), launch.grid_table(GRID), launch.cu_seqlens_table(GRID), HEADS, HD).copy_to_host()
+    np.testing.assert_allclose(got[0], qkv[0], rtol=0, atol=0)  # patch (0, 0) of the image: angle 0
+    np.testing.assert_allclose(got[24], qkv[24], rtol=0, atol=0)  # patch (0, 0) of the video
+    assert np.abs(got[1:24, : 2 * Q] - qkv[1:24, : 2 * Q]).max() > 0.1
+
+
+def test_launcher_rejects_bad_arguments():
+    L = int(np.prod(GRID, axis=1).sum())
+    qkv = qkv_data(L, seed=4)
+    grid, cu = launch.grid_table(GRID), launch.cu_seqlens_table(GRID)
+    cases = [
+        (dict(qkv=qkv.astype(np.float64)), "qkv: dtype float64"),
+        (dict(qkv=qkv[:, :-1].copy()), r"qkv: shape \(54, 143\) does not match \(\?, 144\)"),
+        (dict(qkv=np.repeat(qkv, 2, axis=1)[:, ::2]), "qkv: array is not C-contiguous"),
+        (dict(qkv=launch.to_device(np.repeat(qkv, 2, axis=0))[::2]), "qkv: array is not C-contiguous"),
+        (dict(grid_thws=grid.astype(np.int64)), "grid_thws: dtype int64"),
+        (dict(cu_seqlens=cu[:-1].copy()), r"cu_seqlens: shape \(2,\) does not match \(3,\)"),
+        (dict(cu_seqlens=cu.astype(np.float32)), "cu_seqlens: dtype float32"),
+        (dict(cu_seqlens=np.array([0, 20, 54], np.int32)), "does not match grid_thws"),
+        (dict(qkv=qkv[:50].copy()), "covers 54 tokens but qkv holds L = 50"),
+        (dict(grid_thws=np.array([(1, 4, 6), (3, 2, 0)], np.int32)), ">= 1"),
+        (dict(head_dim=22), "head_dim=22 must be a multiple of 4"),
+        (dict(heads=0), "heads must be a positive integer"),
+    ]
+    for changes, message in cases:
+        kwargs = dict(qkv=qkv.copy(), grid_thws=grid, cu_seqlens=cu, heads=HEADS, head_dim=HD) | changes
+        with pytest.raises(ValueError, match=message):
+            R.rope2d(**kwargs)
