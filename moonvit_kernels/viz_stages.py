@@ -13,13 +13,14 @@ check a picture's numbers.
 - `rope_pairs` / `plot_rope_pairing`         which head dims rotate together, and along which axis
 - `attention_memory_table`                   bytes of L×L scores vs one tile of the online softmax
 - `stage_report_series` / `plot_stage_report` a backend comparison (`compare.StageReport`) per stage
-- `plot_timings`                              labelled bars of measured times
+- `median_seconds` / `plot_timings`           measure a call (median of repeats), labelled bars of times
 - `markdown_table`                            rows as a Markdown table (rendered by Jupyter and GitHub)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -340,6 +341,27 @@ def plot_stage_report(report: Any, title: str | None = None) -> Figure:
 
 
 # ============================================================================ timings
+def median_seconds(
+    fn: Callable[[], Any], repeat: int = 5, warmup: int = 1, synchronize: Callable[[], Any] | None = None
+) -> dict[str, float]:
+    """Wall-clock seconds of `fn()`: `warmup` untimed calls (compilation, caches), then `repeat`
+    timed ones, each followed by `synchronize()` (e.g. `numba.cuda.synchronize`) so that
+    asynchronous GPU work is inside the measurement. Returns `median`, `min`, `max`."""
+    if repeat < 1 or warmup < 0:
+        raise ValueError(f"repeat must be >= 1 and warmup >= 0, got {repeat}, {warmup}")
+    sync = synchronize or (lambda: None)
+    for _ in range(warmup):
+        fn()
+        sync()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return {"median": float(np.median(times)), "min": min(times), "max": max(times)}
+
+
 def plot_timings(seconds: Mapping[str, float], where: str, unit: str = "ms", title: str = "") -> Figure:
     """Horizontal bars of measured times (`{label: seconds}`), labelled with where they ran."""
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]

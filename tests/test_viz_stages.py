@@ -171,3 +171,12 @@ def test_plots_are_figures_outside_pyplot():
     vs.plot_architecture(TINY, GRID)
     vs.plot_eps_effect({"a": 1e-7})
     assert plt.get_fignums() == before
+
+
+def test_median_seconds_counts_calls_and_synchronises():
+    calls, syncs = [], []
+    t = vs.median_seconds(lambda: calls.append(1), repeat=3, warmup=2, synchronize=lambda: syncs.append(1))
+    assert len(calls) == 5 and len(syncs) == 5
+    assert 0 <= t["min"] <= t["median"] <= t["max"]
+    with pytest.raises(ValueError):
+        vs.median_seconds(lambda: None, repeat=0)
