@@ -16,8 +16,8 @@ Versions (llm.c style: each keeps the idea of the previous one and changes one t
       thread loads TM values of A and TN values of B and does TM·TN FMAs, so each shared load
       feeds several FMAs instead of one.
 
-Epilogues, selected at launch; each (version, epilogue) pair is its own compiled kernel that
-calls one device function, so there is no per-element dispatch:
+Epilogues, selected at launch; each (version, epilogue) pair is its own kernel, built by a
+factory with the epilogue id as a compile-time constant, so there is no per-element dispatch:
   none        C = A·Bᵀ
   gelu_tanh   C = gelu_tanh(A·Bᵀ)    encoder MLP fc0
   gelu_erf    C = gelu_erf(A·Bᵀ)     projector proj.0
