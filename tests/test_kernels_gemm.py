@@ -95,7 +95,8 @@ def test_patch_embedding_is_one_gemm():
 
 def test_compile_signatures_cover_every_kernel():
     assert len(G.COMPILE_SIGNATURES) == len(VERSIONS) * len(G.EPILOGUES)
-    assert {fn.__name__ for fn, _ in G.COMPILE_SIGNATURES} == {f"gemm_v{v}" for v in VERSIONS}
+    names = {fn.__name__ for fn, _ in G.COMPILE_SIGNATURES}
+    assert names == {f"gemm_v{v}_{ep}" for v in VERSIONS for ep in G.EPILOGUES}
 
 
 # ---------------------------------------------------------------------------- launcher errors

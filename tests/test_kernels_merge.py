@@ -46,6 +46,12 @@ def test_device_table_and_numpy_out_and_strided_columns():
     assert_close(got.copy_to_host(), ref, rtol=1e-6, atol=1e-6, name="device result")
 
 
+def test_device_table_without_size_is_read_back():
+    grid, x = case([(2, 4, 2), (1, 2, 2)], seed=11)
+    got = Mg.merge_gather(launch.to_device(x), launch.to_device(launch.item_table(grid, (2, 2))), (2, 2))
+    assert_close(got.copy_to_host(), expected(x, grid, (2, 2)), rtol=1e-6, atol=1e-6, name="merge")
+
+
 def test_launcher_rejects_bad_arguments():
     grid, x = case([(1, 4, 6), (3, 2, 4)], seed=10)
     items = launch.item_table(grid, (2, 2))
@@ -63,7 +69,8 @@ def test_launcher_rejects_bad_arguments():
         (dict(m_total=9), "m_total=9 but items hold 8"),
         (dict(out=np.empty((8, 4 * D), np.float64)), "out: dtype float64"),
         (dict(out=launch.device_array((8, 4 * D + 1))), "out: shape"),
-        (dict(items=launch.to_device(items)), "pass m_total or out"),
+        (dict(items=launch.to_device(bad_merged)), "merged offsets"),
+        (dict(out=np.empty((9, 4 * D), np.float32)), "m_total=9 but items hold 8"),
     ]
     for changes, message in cases:
         kwargs = dict(x=x, items=items, merge_kernel_size=(2, 2)) | changes

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32
 
-from .launch import check_array, copy_back, device_array, grid_2d, to_device
+from .launch import check_array, copy_back, device_array, grid_2d, jit_named, to_device
 
 EPILOGUES = ("none", "gelu_tanh", "gelu_erf", "residual")
 VERSIONS = (1, 2, 3)
@@ -69,7 +69,6 @@ NONE, GELU_TANH, GELU_ERF, RESIDUAL = (EPILOGUE_IDS[name] for name in EPILOGUES)
 def _make_gemm_v1(epilogue: str) -> Any:
     EPILOGUE = EPILOGUE_IDS[epilogue]
 
-    @cuda.jit
     def gemm_v1(A, B, R, C, M, N, K):
         n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         m = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
@@ -86,7 +85,7 @@ def _make_gemm_v1(epilogue: str) -> Any:
                 v += R[m, n]
             C[m, n] = v
 
-    return gemm_v1
+    return jit_named(gemm_v1, f"gemm_v1_{epilogue}")
 
 
 # ============================================================================ v2: shared-memory tiles
@@ -95,7 +94,6 @@ def _make_gemm_v2(epilogue: str) -> Any:
     T = TILE
     T_PADDED = TILE + 1
 
-    @cuda.jit
     def gemm_v2(A, B, R, C, M, N, K):
         a_tile = cuda.shared.array((T, T), float32)  # a_tile[r, kk] = A[m0 + r, k0 + kk]
         b_tile = cuda.shared.array((T, T_PADDED), float32)  # b_tile[r, kk] = B[n0 + r, k0 + kk]
@@ -123,7 +121,7 @@ def _make_gemm_v2(epilogue: str) -> Any:
                 v += R[m, n]
             C[m, n] = v
 
-    return gemm_v2
+    return jit_named(gemm_v2, f"gemm_v2_{epilogue}")
 
 
 # ============================================================================ v3: register blocking
@@ -133,7 +131,6 @@ def _make_gemm_v3(epilogue: str) -> Any:
     loads_a = BM * BK // V3_THREADS  # slab elements each thread stages
     loads_b = BN * BK // V3_THREADS
 
-    @cuda.jit
     def gemm_v3(A, B, R, C, M, N, K):
         a_tile = cuda.shared.array((BK, BM), float32)  # k-major: a_tile[kk, i] = A[m0 + i, k0 + kk]
         b_tile = cuda.shared.array((BK, BN), float32)  # k-major: b_tile[kk, j] = B[n0 + j, k0 + kk]
@@ -188,7 +185,7 @@ def _make_gemm_v3(epilogue: str) -> Any:
                         v += R[m, n]
                     C[m, n] = v
 
-    return gemm_v3
+    return jit_named(gemm_v3, f"gemm_v3_{epilogue}")
 
 
 _MAKERS = {1: _make_gemm_v1, 2: _make_gemm_v2, 3: _make_gemm_v3}

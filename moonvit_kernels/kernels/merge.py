@@ -97,21 +97,20 @@ def merge_gather(
     `items [N, 5]` int32 from `launch.item_table(grid_thws, merge_kernel_size)`. Returns the
     device array out. Arguments may be numba device arrays or NumPy arrays (copied to the
     device; a NumPy `out` also receives the result). A NumPy `items` table is checked against L
-    and gives M_total; with a device table pass `m_total` (or `out`), which is trusted. `out`
-    must not overlap `x`.
+    and gives M_total. With a device table, `m_total` (or `out`'s rows) is trusted; without
+    either, the table is copied back (a sync) to be checked and counted. `out` must not overlap `x`.
     """
     kh, kw = (check_positive("merge_kernel_size", k) for k in merge_kernel_size)
     L, D = check_array("x", x, ndim=2)
     N, _ = check_array("items", items, dtype=np.int32, shape=(None, 5))
-    if isinstance(items, np.ndarray):
-        counted = check_merge_table(items, L, kh, kw)
+    if m_total is None and out is not None:
+        m_total = int(out.shape[0])
+    if isinstance(items, np.ndarray) or m_total is None:
+        # A device table is read back (N x 5 ints) only when nothing else gives M_total.
+        counted = check_merge_table(items if isinstance(items, np.ndarray) else items.copy_to_host(), L, kh, kw)
         if m_total is not None and m_total != counted:
             raise ValueError(f"m_total={m_total} but items hold {counted} merged tokens")
         m_total = counted
-    elif m_total is None:
-        if out is None:
-            raise ValueError("with a device items table, pass m_total or out (the number of merged tokens)")
-        m_total = int(out.shape[0])
     m_total = check_positive("m_total", m_total)
     threads = threads_for(kh * kw * D, max_threads=128) if threads is None else threads
     if out is not None:

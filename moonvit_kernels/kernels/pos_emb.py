@@ -26,7 +26,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from .. import reference
-from .launch import ITEM_TOKEN_OFFSET, check_array, copy_back, threads_for, to_device
+from .launch import ITEM_TOKEN_OFFSET, check_array, copy_back, jit_named, threads_for, to_device
 
 MODES = ("bilinear", "bicubic")
 BILINEAR, BICUBIC = 0, 1
@@ -53,7 +53,6 @@ def _make_kernel(mode: str) -> Any:
     MODE = BICUBIC if mode == "bicubic" else BILINEAR
     N_TAPS = 4 if MODE == BICUBIC else 2
 
-    @cuda.jit
     def add_pos_emb(x, pos, time, items, n_items, L, D, H0, W0):
         l = cuda.blockIdx.x
         if l >= L:
@@ -119,7 +118,7 @@ def _make_kernel(mode: str) -> Any:
                 v += time[f, d]
             x[l, d] += v
 
-    return add_pos_emb
+    return jit_named(add_pos_emb, f"add_pos_emb_{mode}")
 
 
 KERNELS = {mode: _make_kernel(mode) for mode in MODES}

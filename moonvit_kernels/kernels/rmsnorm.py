@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32
 
-from .launch import check_array, copy_back, device_array, threads_for, to_device
+from .launch import check_array, copy_back, device_array, jit_named, threads_for, to_device
 
 BLOCK_SIZES = (32, 64, 128, 256)
 SIGNATURE = "void(float32[:, ::1], float32[::1], float32[:, ::1], float32[::1], int32, int32, float32)"
@@ -32,7 +32,6 @@ def kernel_for(threads: int) -> Any:
         raise ValueError(f"threads={threads} is not one of {BLOCK_SIZES}")
     THREADS = threads
 
-    @cuda.jit
     def rmsnorm_kernel(x, weight, out, rstd, rows, cols, eps):
         row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
@@ -59,7 +58,7 @@ def kernel_for(threads: int) -> Any:
         for j in range(tid, cols, THREADS):
             out[row, j] = x[row, j] * r * weight[j]
 
-    return rmsnorm_kernel
+    return jit_named(rmsnorm_kernel, f"rmsnorm_kernel_t{threads}")
 
 
 COMPILE_SIGNATURES = [(kernel_for(t).py_func, SIGNATURE) for t in BLOCK_SIZES]
