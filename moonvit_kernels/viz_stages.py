@@ -12,6 +12,7 @@ check a picture's numbers.
 - `rmsnorm_output_rms` / `plot_eps_effect`   how eps shrinks the output of low-variance rows
 - `rope_pairs` / `plot_rope_pairing`         which head dims rotate together, and along which axis
 - `attention_memory_table`                   bytes of L×L scores vs one tile of the online softmax
+- `merged_to_grid`                           merged tokens laid back on the patch grid (for pictures)
 - `stage_report_series` / `plot_stage_report` a backend comparison (`compare.StageReport`) per stage
 - `median_seconds` / `plot_timings`           measure a call (median of repeats), labelled bars of times
 - `markdown_table`                            rows as a Markdown table (rendered by Jupyter and GitHub)
@@ -307,6 +308,24 @@ def attention_memory_table(
         ("tiled online softmax", block_q * block_k + 2 * block_q, "shared memory, per block"),
     ]
     return [MemoryRow(name, n, n * itemsize, where) for name, n, where in rows]
+
+
+# ============================================================================ patch merge
+def merged_to_grid(merged: Any, h: int, w: int, merge_kernel_size: Sequence[int] = (2, 2)) -> np.ndarray:
+    """Lay the merged tokens of one item back on its patch grid: `[M, kh·kw·D]` -> `[h, w, D]`.
+
+    The inverse of the gather in `reference.tpool_patch_merger` (merged token `m = i·(w/kw) + j`,
+    slot `a·kw + b` holds patch `(kh·i + a, kw·j + b)`); for a video it returns the frame mean.
+    """
+    kh, kw = (int(k) for k in merge_kernel_size)
+    a = np.asarray(merged)
+    if h % kh or w % kw:
+        raise ValueError(f"grid {h}×{w} is not divisible by merge_kernel_size ({kh}, {kw})")
+    M = (h // kh) * (w // kw)
+    if a.ndim != 2 or a.shape[0] != M or a.shape[1] % (kh * kw):
+        raise ValueError(f"merged shape {a.shape} is not [M = {M}, kh·kw·D] for a {h}×{w} grid")
+    D = a.shape[1] // (kh * kw)
+    return a.reshape(h // kh, w // kw, kh, kw, D).transpose(0, 2, 1, 3, 4).reshape(h, w, D)
 
 
 # ============================================================================ backend comparison

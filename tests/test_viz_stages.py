@@ -180,3 +180,19 @@ def test_median_seconds_counts_calls_and_synchronises():
     assert 0 <= t["min"] <= t["median"] <= t["max"]
     with pytest.raises(ValueError):
         vs.median_seconds(lambda: None, repeat=0)
+
+
+@pytest.mark.parametrize("t, h, w, kernel", [(1, 4, 6, (2, 2)), (3, 6, 4, (2, 2)), (2, 3, 4, (3, 1))])
+def test_merged_to_grid_inverts_the_reference_merge(t, h, w, kernel):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((t * h * w, 5))
+    (merged,) = ref.tpool_patch_merger(x, np.array([[t, h, w]]), kernel)
+    grid = vs.merged_to_grid(merged.reshape(merged.shape[0], -1), h, w, kernel)
+    assert_close(grid, x.reshape(t, h, w, 5).mean(axis=0), rtol=1e-12, atol=1e-12, name="grid")
+
+
+def test_merged_to_grid_rejects_wrong_shapes():
+    with pytest.raises(ValueError, match="not divisible"):
+        vs.merged_to_grid(np.zeros((6, 8)), 3, 4)
+    with pytest.raises(ValueError, match="merged shape"):
+        vs.merged_to_grid(np.zeros((5, 8)), 4, 4)
