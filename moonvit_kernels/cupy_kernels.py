@@ -1,0 +1,404 @@
+"""Python launchers for the CUDA C kernels in `moonvit_kernels/kernels/cuda`, through CuPy.
+
+Every launcher checks what CuPy does not (dtype, C-contiguity, shapes, alignment) and raises a
+ValueError naming the problem, then casts every scalar argument explicitly (np.int32 / np.float32:
+CuPy passes a Python int as 64 bits, which a kernel's `int` parameter would misread).
+
+bfloat16 arrays: CuPy has no bfloat16 dtype, so bf16 tensors are `cupy.uint16` arrays holding the
+bf16 bit patterns (`to_bf16` / `from_bf16` convert). A dtype "name" below is "float32" or
+"bfloat16". CuPy is imported lazily: this module imports without it, and the host-side index
+tables (`token_positions`, `merge_sources`, `cu_seqlens_int32`) need only NumPy.
+
+Modules are compiled by NVRTC on first use (`cupy.RawModule`, template kernels through
+`name_expressions`) with the same source text and options as the compile check
+(`moonvit_kernels.nvrtc_check`), and cached by CuPy on disk.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from .kernels import cuda as kcuda
+
+FLOAT32 = "float32"
+BFLOAT16 = "bfloat16"
+DTYPE_NAMES = (FLOAT32, BFLOAT16)
+LOG2E = 1.4426950408889634
+
+
+def _cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as e:
+        raise ImportError("the CUDA C kernels need CuPy: pip install -e '.[cuda13]' (or '.[cuda12]')") from e
+    return cupy
+
+
+def array_module() -> Any:
+    """The array library these launchers take and return (cupy)."""
+    return _cupy()
+
+
+# ============================================================================ host-side index tables
+def cu_seqlens_int32(grid_thws: Any) -> np.ndarray:
+    """`[0, t0·h0·w0, ...]` (int32, length N + 1): token offsets of the packed items."""
+    g = np.asarray(grid_thws, dtype=np.int64).reshape(-1, 3)
+    out = np.concatenate([[0], np.cumsum(np.prod(g, axis=1))])
+    if out[-1] > np.iinfo(np.int32).max:
+        raise ValueError(f"{out[-1]} tokens do not fit the kernels' int32 indices")
+    return out.astype(np.int32)
+
+
+def token_positions(grid_thws: Any) -> np.ndarray:
+    """`[L, 4]` int32 rows `(item, frame, row, col)`: where each packed token's patch sits.
+
+    Tokens of item `(t, h, w)` run frame by frame, then row by row; every frame repeats the
+    same (row, col) grid (RoPE and the position grid are per frame)."""
+    parts = []
+    for item, (t, h, w) in enumerate(np.asarray(grid_thws, dtype=np.int64).reshape(-1, 3).tolist()):
+        idx = np.arange(t * h * w)
+        frame, within = np.divmod(idx, h * w)
+        row, col = np.divmod(within, w)
+        parts.append(np.stack([np.full_like(idx, item), frame, row, col], axis=1))
+    return np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.int32)
+
+
+def merge_sources(grid_thws: Any, merge_kernel_size: tuple[int, int]) -> np.ndarray:
+    """`[M, 4]` int32 rows `(base, t, frame_stride, w)` for merge.cu, one per merged token.
+
+    Merged token `(i, j)` of item `(t, h, w)` starting at token `s`: `base = s + kh·i·w + kw·j`
+    (slot (0, 0) of frame 0), `frame_stride = h·w`; slot `(a, b)` of frame `f` is token
+    `base + f·h·w + a·w + b`. Merged tokens are numbered item by item, `m = i·(w/kw) + j`."""
+    kh, kw = merge_kernel_size
+    parts = []
+    start = 0
+    for t, h, w in np.asarray(grid_thws, dtype=np.int64).reshape(-1, 3).tolist():
+        i, j = np.divmod(np.arange((h // kh) * (w // kw)), w // kw)
+        base = start + kh * i * w + kw * j
+        parts.append(np.stack([base, np.full_like(base, t), np.full_like(base, h * w), np.full_like(base, w)], axis=1))
+        start += t * h * w
+    return np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.int32)
+
+
+# ============================================================================ bf16 on the device
+def to_bf16(x: Any) -> Any:
+    """float32 CuPy array -> bf16 bits (uint16), round to nearest even, NaN kept as NaN."""
+    cp = _cupy()
+    x = cp.ascontiguousarray(x, dtype=cp.float32)
+    u = x.view(cp.uint32)
+    bits = ((u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
+    return cp.where(cp.isnan(x), cp.uint16(0x7FC0), bits)
+
+
+def from_bf16(bits: Any) -> Any:
+    """bf16 bits (uint16 CuPy array) -> float32 (exact)."""
+    cp = _cupy()
+    return (cp.ascontiguousarray(bits).astype(cp.uint32) << 16).view(cp.float32)
+
+
+def dtype_name(a: Any) -> str:
+    """ "float32" for float32 arrays, "bfloat16" for uint16 (bf16 bits); ValueError otherwise."""
+    dt = np.dtype(a.dtype)
+    if dt == np.float32:
+        return FLOAT32
+    if dt == np.uint16:
+        return BFLOAT16
+    raise ValueError(f"dtype {dt} is neither float32 nor bfloat16 (uint16 bits)")
+
+
+def _storage_dtype(name: str) -> Any:
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {name!r}")
+    return np.float32 if name == FLOAT32 else np.uint16
+
+
+# ============================================================================ checks
+def _device_array(a: Any, what: str, ndim: int, dtypes: tuple[str, ...] | None = None) -> str:
+    """Check a CuPy array's kind, rank, dtype (names) and C-contiguity; return its dtype name."""
+    cp = _cupy()
+    if not isinstance(a, cp.ndarray):
+        raise ValueError(f"{what} must be a CuPy array on the GPU, got {type(a).__name__}")
+    if a.ndim != ndim:
+        raise ValueError(f"{what} must be {ndim}-D, got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous (got strides {a.strides}); use cupy.ascontiguousarray")
+    if dtypes is None:
+        return ""
+    try:
+        name = dtype_name(a)
+    except ValueError:
+        name = str(a.dtype)
+    if name not in dtypes:
+        raise ValueError(f"{what} has dtype {a.dtype}, expected {' or '.join(dtypes)} (bfloat16 = uint16 bits)")
+    return name
+
+
+def _int_array(a: Any, what: str, shape: tuple[int | None, ...]) -> None:
+    cp = _cupy()
+    if not isinstance(a, cp.ndarray) or a.dtype != cp.int32 or not a.flags.c_contiguous:
+        raise ValueError(f"{what} must be a C-contiguous int32 CuPy array")
+    if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape, strict=True)):
+        raise ValueError(f"{what} has shape {a.shape}, expected {tuple('*' if s is None else s for s in shape)}")
+
+
+def _aligned(*arrays: Any, to: int = 16) -> bool:
+    return all(a.data.ptr % to == 0 for a in arrays)
+
+
+@functools.cache
+def _compute_capability() -> int:
+    cp = _cupy()
+    return int(cp.cuda.Device().compute_capability)
+
+
+def require_sm80() -> None:
+    """RuntimeError unless the current GPU is sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async)."""
+    cc = _compute_capability()
+    if cc < 80:
+        raise RuntimeError(f"the CUDA C kernels need compute capability >= 8.0 (Ampere, Hopper), this GPU is {cc}")
+
+
+# ============================================================================ modules
+@functools.cache
+def _module(source: str, names: tuple[str, ...]) -> Any:
+    cp = _cupy()
+    require_sm80()
+    return cp.RawModule(code=kcuda.load_source(source), options=kcuda.compile_options(), name_expressions=names)
+
+
+def _kernel(source: str, name: str, head_dim: int = 128) -> tuple[Any, kcuda.KernelSpec]:
+    """The compiled kernel `name` from `source` and its catalogue entry."""
+    specs = [s for s in kcuda.kernel_specs((head_dim,)) if s.source == source]
+    spec = next((s for s in specs if s.name == name), None)
+    if spec is None:
+        raise ValueError(f"{name} is not an instantiation of {source} in the kernel catalogue")
+    kernel = _module(source, tuple(s.name for s in specs)).get_function(name)
+    if spec.dynamic_smem > 48 * 1024:
+        kernel.max_dynamic_shared_size_bytes = spec.dynamic_smem
+    return kernel, spec
+
+
+def _grid(n: int, what: str, limit: int = 65535) -> int:
+    if n > limit:
+        raise ValueError(f"{what}: {n} blocks exceed the grid limit {limit}")
+    return n
+
+
+# ============================================================================ GEMM
+def gemm(
+    a: Any,
+    b: Any,
+    *,
+    epilogue: str = "none",
+    residual: Any = None,
+    out: Any = None,
+    out_dtype: str = FLOAT32,
+) -> Any:
+    """`C[M, N] = epilogue(a[M, K] · b[N, K]ᵀ)`, `b` in nn.Linear layout [out, in].
+
+    a, b bfloat16 (uint16 bits): tensor-core kernel (gemm_bf16.cu), fp32 accumulation, output
+    float32 or bfloat16. a, b float32: SIMT kernel (gemm_fp32.cu), output float32.
+    epilogue: "none", "gelu_tanh", "gelu_erf", or "residual" (C = residual + a·bᵀ; `residual` is
+    [M, N] in the output dtype and may be `out` itself for an in-place update). Returns `out`."""
+    cp = _cupy()
+    if epilogue not in kcuda.EPILOGUES:
+        raise ValueError(f"unknown epilogue {epilogue!r}; choose from {', '.join(kcuda.EPILOGUES)}")
+    a_dt = _device_array(a, "gemm: a", 2, DTYPE_NAMES)
+    b_dt = _device_array(b, "gemm: b", 2, DTYPE_NAMES)
+    if a_dt != b_dt:
+        raise ValueError(f"gemm: a is {a_dt} but b is {b_dt}; both must be float32 or both bfloat16")
+    (M, K), (N, Kb) = a.shape, b.shape
+    if K != Kb:
+        raise ValueError(f"gemm: a {a.shape} and b {b.shape} disagree on K (b is [N, K], nn.Linear layout)")
+    if min(M, N, K) < 1:
+        raise ValueError(f"gemm: empty operand (M={M}, N={N}, K={K})")
+    if out is not None:
+        out_dtype = _device_array(out, "gemm: out", 2, DTYPE_NAMES)
+        if out.shape != (M, N):
+            raise ValueError(f"gemm: out has shape {out.shape}, expected {(M, N)}")
+    _storage_dtype(out_dtype)
+    if a_dt == FLOAT32 and out_dtype != FLOAT32:
+        raise ValueError("gemm: the fp32 kernel writes float32 only")
+    if epilogue == "residual":
+        if residual is None:
+            raise ValueError("gemm: epilogue 'residual' needs residual=[M, N]")
+        r_dt = _device_array(residual, "gemm: residual", 2, (out_dtype,))
+        if residual.shape != (M, N) or r_dt != out_dtype:
+            raise ValueError(f"gemm: residual must be [{M}, {N}] {out_dtype}, got {residual.shape} {r_dt}")
+    elif residual is not None:
+        raise ValueError(f"gemm: residual given but epilogue is {epilogue!r}")
+    if out is None:
+        out = cp.empty((M, N), dtype=_storage_dtype(out_dtype))
+    r = residual if residual is not None else out  # unread unless the epilogue is "residual"
+
+    if a_dt == BFLOAT16:
+        kernel, spec = _kernel("gemm_bf16.cu", kcuda.gemm_bf16_name(out_dtype, epilogue))
+        vec = K % 8 == 0 and _aligned(a, b)
+        grid = (_grid(-(-N // 128), "gemm N tiles", 2**31 - 1), _grid(-(-M // 128), "gemm M tiles"))
+    else:
+        kernel, spec = _kernel("gemm_fp32.cu", kcuda.gemm_fp32_name(epilogue))
+        vec = K % 4 == 0 and _aligned(a, b)
+        grid = (_grid(-(-N // 64), "gemm N tiles", 2**31 - 1), _grid(-(-M // 64), "gemm M tiles"))
+    kernel(grid, (spec.threads,), (a, b, out, r, np.int32(M), np.int32(N), np.int32(K), np.int32(vec)))
+    return out
+
+
+# ============================================================================ RMSNorm
+def rmsnorm(
+    x: Any, weight: Any, eps: float, *, out: Any = None, out_dtype: str = FLOAT32, return_rstd: bool = False
+) -> Any:
+    """`out[r, :] = x[r, :] · rsqrt(mean(x[r, :]²) + eps) · weight` in fp32 over rows of `x [rows, D]`.
+
+    x float32 or bfloat16, weight float32 [D]; `out` may be `x` when the dtypes match. With
+    `return_rstd`, returns `(out, rstd [rows] float32)`."""
+    cp = _cupy()
+    in_dt = _device_array(x, "rmsnorm: x", 2, DTYPE_NAMES)
+    _device_array(weight, "rmsnorm: weight", 1, (FLOAT32,))
+    rows, D = x.shape
+    if weight.shape != (D,):
+        raise ValueError(f"rmsnorm: weight has shape {weight.shape}, expected ({D},)")
+    if rows < 1 or D < 1:
+        raise ValueError(f"rmsnorm: empty input {x.shape}")
+    if not (isinstance(eps, (int, float)) and eps > 0):
+        raise ValueError(f"rmsnorm: eps must be a positive number, got {eps!r}")
+    if out is not None:
+        out_dtype = _device_array(out, "rmsnorm: out", 2, DTYPE_NAMES)
+        if out.shape != x.shape:
+            raise ValueError(f"rmsnorm: out has shape {out.shape}, expected {x.shape}")
+    else:
+        out = cp.empty((rows, D), dtype=_storage_dtype(out_dtype))
+    if D % 4 == 0 and not _aligned(x, weight, out, to=16 if in_dt == FLOAT32 else 8):
+        raise ValueError("rmsnorm: x, weight and out must be 16-byte aligned (use a fresh array, not an offset view)")
+    rstd = cp.empty((rows,), dtype=cp.float32)
+    kernel, spec = _kernel("rmsnorm.cu", kcuda.rmsnorm_name(in_dt, out_dtype))
+    kernel(
+        (_grid(rows, "rmsnorm rows", 2**31 - 1),), (spec.threads,), (x, weight, out, rstd, np.int32(D), np.float32(eps))
+    )
+    return (out, rstd) if return_rstd else out
+
+
+# ============================================================================ RoPE
+def rope_inplace(qkv: Any, token_pos: Any, freqs: Any, num_heads: int, head_dim: int) -> Any:
+    """Rotate q and k of the packed `qkv [L, 3·Q]` in place (2D RoPE, interleaved pairs; v untouched).
+
+    token_pos: `[L, 4]` int32 from `token_positions`; freqs: float32 `[head_dim/4]`,
+    `f_i = 10000^(−4i/hd)` (`reference.rope_frequencies`). Returns qkv."""
+    dt = _device_array(qkv, "rope: qkv", 2, DTYPE_NAMES)
+    if head_dim % 4 or head_dim < 4 or num_heads < 1:
+        raise ValueError(f"rope: head_dim={head_dim} must be a positive multiple of 4, num_heads={num_heads} >= 1")
+    L, width = qkv.shape
+    if width != 3 * num_heads * head_dim:
+        raise ValueError(f"rope: qkv has {width} columns, expected 3·heads·head_dim = {3 * num_heads * head_dim}")
+    _int_array(token_pos, "rope: token_pos", (L, 4))
+    _device_array(freqs, "rope: freqs", 1, (FLOAT32,))
+    if freqs.shape != (head_dim // 4,):
+        raise ValueError(f"rope: freqs has shape {freqs.shape}, expected ({head_dim // 4},)")
+    if not _aligned(qkv, to=16 if dt == FLOAT32 else 8):
+        raise ValueError("rope: qkv must be 16-byte aligned (use a fresh array, not an offset view)")
+    total = L * 2 * num_heads * (head_dim // 4)
+    kernel, spec = _kernel("rope.cu", kcuda.rope_name(dt))
+    blocks = _grid(-(-total // spec.threads), "rope blocks", 2**31 - 1)
+    kernel(
+        (blocks,),
+        (spec.threads,),
+        (qkv, token_pos, freqs, np.int32(L), np.int32(num_heads), np.int32(head_dim)),
+    )
+    return qkv
+
+
+# ============================================================================ attention
+def attention(qkv: Any, cu_seqlens: Any, num_heads: int, head_dim: int) -> tuple[Any, Any]:
+    """Packed non-causal attention over `qkv [L, 3·Q]` (after RoPE), items given by `cu_seqlens`.
+
+    cu_seqlens: NumPy int array `[N + 1]` from 0 to L (it is checked on the host, then uploaded).
+    bfloat16 qkv: tensor-core flash kernel; float32: the SIMT one. Scale 1/sqrt(head_dim),
+    softmax in fp32. Returns `(out [L, Q] in qkv's dtype, lse [L, heads] float32)`, lse the
+    natural-log log-sum-exp of the scaled scores."""
+    cp = _cupy()
+    dt = _device_array(qkv, "attention: qkv", 2, DTYPE_NAMES)
+    kcuda.check_head_dim(head_dim)
+    if num_heads < 1:
+        raise ValueError(f"attention: num_heads={num_heads} must be >= 1")
+    L, width = qkv.shape
+    Q = num_heads * head_dim
+    if width != 3 * Q:
+        raise ValueError(f"attention: qkv has {width} columns, expected 3·heads·head_dim = {3 * Q}")
+    cu = np.asarray(cu_seqlens)
+    if cu.ndim != 1 or cu.size < 2 or not np.issubdtype(cu.dtype, np.integer):
+        raise ValueError(f"attention: cu_seqlens must be a 1-D integer NumPy array [N + 1], got {cu.shape} {cu.dtype}")
+    if cu[0] != 0 or cu[-1] != L or np.any(np.diff(cu) < 1):
+        raise ValueError(f"attention: cu_seqlens must rise strictly from 0 to L={L}, got {cu.tolist()[:8]}...")
+    if dt == BFLOAT16 and not _aligned(qkv):
+        raise ValueError("attention: qkv must be 16-byte aligned (use a fresh array, not an offset view)")
+    n_items = cu.size - 1
+    max_len = int(np.max(np.diff(cu)))
+    out = cp.empty((L, Q), dtype=_storage_dtype(dt))
+    lse = cp.empty((L, num_heads), dtype=cp.float32)
+    kernel, spec = _kernel("attention.cu", kcuda.attention_name(head_dim, dt), head_dim)
+    rows_per_block = 64 if dt == BFLOAT16 else 16  # BQ of AttnBf16Cfg / AttnFp32Cfg
+    grid = (
+        _grid(-(-max_len // rows_per_block), "attention query tiles", 2**31 - 1),
+        _grid(num_heads, "attention heads"),
+        _grid(n_items, "attention items"),
+    )
+    scale_log2 = np.float32(LOG2E / math.sqrt(head_dim))
+    cu_dev = cp.asarray(cu, dtype=cp.int32)
+    kernel(
+        grid, (spec.threads,), (qkv, out, lse, cu_dev, np.int32(num_heads), scale_log2), shared_mem=spec.dynamic_smem
+    )
+    return out, lse
+
+
+# ============================================================================ position embedding
+def add_position_embedding_inplace(
+    x: Any, token_pos: Any, grid_thws: Any, pos_weight: Any, time_table: Any, mode: str
+) -> Any:
+    """`x [L, D] += resize(pos_weight [H0, W0, D])[row, col] (+ time_table[frame] for videos)`, in place.
+
+    token_pos `[L, 4]` and grid_thws `[N, 3]` int32 CuPy arrays; time_table float32 `[T0, D]`
+    (`reference.time_sincos_table`); mode "bilinear" or "bicubic". Returns x."""
+    _device_array(x, "pos_emb: x", 2, (FLOAT32,))
+    L, D = x.shape
+    _device_array(pos_weight, "pos_emb: pos_weight", 3, (FLOAT32,))
+    H0, W0, Dw = pos_weight.shape
+    if Dw != D:
+        raise ValueError(f"pos_emb: pos_weight {pos_weight.shape} does not end in D={D}")
+    _device_array(time_table, "pos_emb: time_table", 2, (FLOAT32,))
+    if time_table.shape[1] != D:
+        raise ValueError(f"pos_emb: time_table {time_table.shape} is not [T0, {D}]")
+    _int_array(token_pos, "pos_emb: token_pos", (L, 4))
+    _int_array(grid_thws, "pos_emb: grid_thws", (None, 3))
+    if mode not in ("bilinear", "bicubic"):
+        raise ValueError(f"pos_emb: mode must be 'bilinear' or 'bicubic', got {mode!r}")
+    kernel, spec = _kernel("pos_emb.cu", kcuda.pos_emb_name(mode))
+    kernel(
+        (_grid(L, "pos_emb tokens", 2**31 - 1),),
+        (spec.threads,),
+        (x, token_pos, grid_thws, pos_weight, time_table, np.int32(D), np.int32(H0), np.int32(W0)),
+    )
+    return x
+
+
+# ============================================================================ merge
+def tpool_merge(x: Any, merge_src: Any, merge_kernel_size: tuple[int, int], out_dtype: str = FLOAT32) -> Any:
+    """Mean over frames + kh x kw gather: `x [L, D]` -> `[M, kh·kw·D]` (slot-major), M = rows of
+    `merge_src` (`merge_sources`). x float32 or bfloat16."""
+    cp = _cupy()
+    in_dt = _device_array(x, "merge: x", 2, DTYPE_NAMES)
+    kh, kw = (int(k) for k in merge_kernel_size)
+    _int_array(merge_src, "merge: merge_src", (None, 4))
+    M, D = merge_src.shape[0], x.shape[1]
+    if M < 1 or kh < 1 or kw < 1:
+        raise ValueError(f"merge: nothing to merge (M={M}, merge_kernel_size={(kh, kw)})")
+    out = cp.empty((M, kh * kw * D), dtype=_storage_dtype(out_dtype))
+    kernel, spec = _kernel("merge.cu", kcuda.merge_name(in_dt, out_dtype))
+    kernel(
+        (_grid(M, "merge tokens", 2**31 - 1),),
+        (spec.threads,),
+        (x, out, merge_src, np.int32(D), np.int32(kh), np.int32(kw)),
+    )
+    return out
