@@ -1264,9 +1264,10 @@ def merge_projector_notebook() -> list[nbformat.NotebookNode]:
             print(f"{name:44s} max rel. difference {np.abs(y - want).max() / np.abs(want).max():.1e}")
         """),
         md("""
-        The eps difference is invisible at these activation sizes (the projector's rows have RMS ≫ √eps) —
+        The eps difference is small at these activation sizes (the projector's rows have RMS ≫ √eps) —
         a reminder that a test passing on one input proves little: the RMSNorm notebook shows where it bites.
-
+        """),
+        md("""
         ## Exercises
 
         Each exercise cell holds a worked answer; replace it with your own and rerun — the `assert` checks it.
