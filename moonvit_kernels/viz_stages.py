@@ -12,6 +12,7 @@ check a picture's numbers.
 - `rmsnorm_output_rms` / `plot_eps_effect`   how eps shrinks the output of low-variance rows
 - `rope_pairs` / `plot_rope_pairing`         which head dims rotate together, and along which axis
 - `attention_memory_table`                   bytes of L×L scores vs one tile of the online softmax
+- `online_softmax_trace` / `plot_online_softmax` the running max, sum and output of a tiled softmax
 - `merged_to_grid`                           merged tokens laid back on the patch grid (for pictures)
 - `stage_report_series` / `plot_stage_report` a backend comparison (`compare.StageReport`) per stage
 - `median_seconds` / `plot_timings`           measure a call (median of repeats), labelled bars of times
@@ -308,6 +309,72 @@ def attention_memory_table(
         ("tiled online softmax", block_q * block_k + 2 * block_q, "shared memory, per block"),
     ]
     return [MemoryRow(name, n, n * itemsize, where) for name, n, where in rows]
+
+
+def online_softmax_trace(scores: Any, block: int, values: Any = None) -> dict[str, np.ndarray]:
+    """One query row's softmax computed key tile by key tile (the flash-attention recurrence), float64.
+
+    `scores [n]` (already scaled), `values [n, d]` (optional). After each tile of `block` keys:
+    `m = max(m_old, max(tile))`, `l = l_old·exp(m_old − m) + Σ exp(tile − m)`, and the unnormalised
+    output `acc = acc_old·exp(m_old − m) + Σ exp(tile − m)·v`. Returns per tile: `tile_end` (first key
+    after the tile), `running_max`, `running_sum`, `lse = m + log l`, and with values `output = acc / l`
+    `[tiles, d]`. The last entries equal the direct softmax's: nothing is approximated.
+    """
+    x = np.asarray(scores, dtype=np.float64)
+    if x.ndim != 1 or x.size == 0 or not np.all(np.isfinite(x)):
+        raise ValueError(f"scores must be a non-empty 1-D array of finite values, got shape {x.shape}")
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    v = None if values is None else np.asarray(values, dtype=np.float64).reshape(x.size, -1)
+    m, l_sum = -np.inf, 0.0
+    acc = None if v is None else np.zeros(v.shape[1])
+    out: dict[str, list] = {"tile_end": [], "running_max": [], "running_sum": [], "lse": [], "output": []}
+    for start in range(0, x.size, block):
+        tile = x[start : start + block]
+        m_new = max(m, float(tile.max()))
+        rescale = np.exp(m - m_new)  # exp(−inf) = 0 on the first tile
+        p = np.exp(tile - m_new)
+        l_sum = l_sum * rescale + float(p.sum())
+        if v is not None:
+            acc = acc * rescale + p @ v[start : start + block]
+            out["output"].append(acc / l_sum)
+        m = m_new
+        out["tile_end"].append(min(start + block, x.size))
+        out["running_max"].append(m)
+        out["running_sum"].append(l_sum)
+        out["lse"].append(m + np.log(l_sum))
+    result = {k: np.asarray(val) for k, val in out.items() if k != "output"}
+    if v is not None:
+        result["output"] = np.asarray(out["output"])
+    return result
+
+
+def plot_online_softmax(scores: Any, block: int) -> Figure:
+    """Left: one row's scores, key tiles shaded, the running max after each tile. Right: the running
+    log-sum-exp per tile against the direct one — it is exact once the last tile is in."""
+    x = np.asarray(scores, dtype=np.float64)
+    trace = online_softmax_trace(x, block)
+    fig = Figure(figsize=(10, 3.4), layout="constrained")
+    ax, ax2 = fig.subplots(1, 2, width_ratios=(2, 1))
+    starts = np.concatenate([[0], trace["tile_end"][:-1]])
+    for t, (a, b) in enumerate(zip(starts, trace["tile_end"], strict=True)):
+        ax.axvspan(a - 0.5, b - 0.5, color=f"C{t % 2}", alpha=0.08)
+        ax.hlines(
+            trace["running_max"][t], a - 0.5, b - 0.5, color="C3", lw=2, label="running max m" if t == 0 else None
+        )
+    ax.bar(np.arange(x.size), x, color="0.4", width=0.8, label="score s_j")
+    ax.set_xlabel(f"key j (tiles of {block})")
+    ax.set_ylabel("scaled score")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("scores arrive one key tile at a time", fontsize=9)
+    direct = np.log(np.sum(np.exp(x - x.max()))) + x.max()
+    ax2.plot(np.arange(1, len(trace["lse"]) + 1), trace["lse"], "o-", color="C0", label="running lse")
+    ax2.axhline(direct, color="k", ls=":", label="log Σ exp(s) (direct)")
+    ax2.set_xlabel("tiles seen")
+    ax2.set_ylabel("log-sum-exp")
+    ax2.legend(fontsize=8, loc="lower right")
+    ax2.set_title("m + log l after each tile", fontsize=9)
+    return fig
 
 
 # ============================================================================ patch merge

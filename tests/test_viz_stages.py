@@ -196,3 +196,23 @@ def test_merged_to_grid_rejects_wrong_shapes():
         vs.merged_to_grid(np.zeros((6, 8)), 3, 4)
     with pytest.raises(ValueError, match="merged shape"):
         vs.merged_to_grid(np.zeros((5, 8)), 4, 4)
+
+
+@pytest.mark.parametrize("n, block", [(1, 4), (13, 4), (16, 16), (29, 5)])
+def test_online_softmax_trace_ends_at_the_direct_softmax(n, block):
+    rng = np.random.default_rng(8)
+    scores = rng.standard_normal(n) * 3 + rng.uniform(-2, 2)
+    values = rng.standard_normal((n, 6))
+    trace = vs.online_softmax_trace(scores, block, values)
+    tiles = -(-n // block)
+    assert trace["running_max"].shape == (tiles,) and trace["output"].shape == (tiles, 6)
+    ends = trace["tile_end"]
+    assert_close(trace["running_max"], np.array([scores[:e].max() for e in ends]), 0, 0, "running max")
+    direct_lse = np.array([np.log(np.sum(np.exp(scores[:e]))) for e in ends])
+    assert_close(trace["lse"], direct_lse, rtol=1e-12, atol=1e-12, name="lse")
+    p = np.exp(scores - scores.max())
+    assert_close(trace["output"][-1], (p / p.sum()) @ values, rtol=1e-12, atol=1e-12, name="output")
+    with pytest.raises(ValueError):
+        vs.online_softmax_trace([np.nan], 2)
+    fig = vs.plot_online_softmax(scores, block)
+    assert len(fig.axes[1].lines[0].get_xdata()) == tiles
