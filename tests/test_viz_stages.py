@@ -216,3 +216,17 @@ def test_online_softmax_trace_ends_at_the_direct_softmax(n, block):
         vs.online_softmax_trace([np.nan], 2)
     fig = vs.plot_online_softmax(scores, block)
     assert len(fig.axes[1].lines[0].get_xdata()) == tiles
+
+
+def test_position_grids_are_the_reference_interpolation():
+    rng = np.random.default_rng(9)
+    pos = rng.standard_normal((6, 6, 4))
+    grids = vs.position_grids(pos, [(6, 6), (4, 10), (3, 2)], "bicubic", channel=2)
+    assert [g.shape for g in grids] == [(6, 6), (4, 10), (3, 2)]
+    assert_close(grids[0], pos[:, :, 2], 0, 0, "same size is the identity")
+    assert_close(grids[1], ref.interpolate_pos_grid(pos, 4, 10, "bicubic")[:, :, 2], 0, 0, "resized")
+    with pytest.raises(ValueError):
+        vs.position_grids(pos, [(2, 2)], channel=4)
+    fig = vs.plot_position_grids(pos, [(4, 10)], channel=1)
+    shown = fig.axes[1].images[0].get_array()
+    assert_close(np.asarray(shown), ref.interpolate_pos_grid(pos, 4, 10, "bilinear")[:, :, 1], 0, 0, "drawn")
