@@ -1,0 +1,211 @@
+"""numba.cuda packed attention (v1 naive, v2 flash-style) against reference.attention, under the simulator on CPU.
+
+Sizes are awkward on purpose (L = 1, 7, 33; items of 1 token; head_dim 24 and 8, not tile multiples) and
+the v2 tiles are tiny (8 or 5 x 3) so that every item spans several query and key tiles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from helpers import FP32_EPS, assert_close, fp32_rtol
+
+from moonvit_kernels import reference
+from moonvit_kernels.kernels import attention as attn
+
+# Launch shapes used here: v1 with 8 threads (several keys per thread), v2 with 8 x 8 tiles, and
+# 5-row x 3-key tiles (3 does not divide head_dim 8 or 24's dims-per-thread evenly with 5 rows).
+LAUNCHES = {
+    "v1_t8": dict(version=1, threads=8),
+    "v2_8x8": dict(version=2, block_q=8, block_k=8),
+    "v2_5x3": dict(version=2, block_q=5, block_k=3),
+}
+
+
+def random_qkv(lengths: list[int], heads: int, head_dim: int, seed: int, spread: float = 1.0):
+    """Non-uniform q, k, v `[L, H, hd]` (float32) and int32 cu_seqlens for items of `lengths`.
+
+    Every query row gets its own magnitude (up to `spread` x), so some rows have large scores.
+    """
+    r = np.random.default_rng(seed)
+    L = sum(lengths)
+    row_scale = np.exp(r.uniform(0.0, math.log(spread), size=(L, 1, 1))) if spread > 1 else 1.0
+    q = (r.standard_normal((L, heads, head_dim)) * row_scale + r.uniform(-0.5, 0.5)).astype(np.float32)
+    k = (r.standard_normal((L, heads, head_dim)) * r.uniform(0.5, 2.0, size=(1, heads, head_dim))).astype(np.float32)
+    v = (r.standard_normal((L, heads, head_dim)) * 1.5 + r.uniform(-1, 1, size=(1, heads, head_dim))).astype(np.float32)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return q, k, v, cu
+
+
+def scaled_scores(q, k, cu):
+    """Per item, float64 scaled scores `[H, n, n]` (used to size tolerances and check test preconditions)."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    return [
+        np.einsum("qhd,khd->hqk", q[s:e].astype(np.float64) * scale, k[s:e].astype(np.float64))
+        for s, e in zip(cu[:-1], cu[1:], strict=True)
+    ]
+
+
+def run(q, k, v, cu, launch):
+    o, lse = attn.attention(attn.pack_qkv(q, k, v), cu, q.shape[1], **launch)
+    return o.copy_to_host(), lse.copy_to_host()
+
+
+def check_against_reference(q, k, v, cu, launch, name):
+    """Compare o and lse with the float64 reference; tolerances follow the fp32 rounding of the scores."""
+    L, H, hd = q.shape
+    ref_o, ref_lse = reference.attention(
+        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), cu, return_lse=True
+    )
+    o, lse = run(q, k, v, cu, launch)
+    # A score is a length-hd fp32 dot product: its error is ~eps·Σ|q_d·k_d|·scale. exp() turns that
+    # absolute error into a relative error of each probability, hence of o (times |v|) and of lse.
+    scale = 1.0 / math.sqrt(hd)
+    abs_terms = max(
+        float(np.einsum("qhd,khd->hqk", np.abs(q[s:e]) * scale, np.abs(k[s:e])).max())
+        for s, e in zip(cu[:-1], cu[1:], strict=True)
+    )
+    score_err = 4 * FP32_EPS * abs_terms
+    n = int(np.max(np.diff(cu)))
+    v_max = float(np.abs(v).max())
+    assert_close(o, ref_o.reshape(L, H * hd), rtol=fp32_rtol(n), atol=(score_err + fp32_rtol(n)) * v_max, name=name)
+    assert_close(lse, ref_lse, rtol=fp32_rtol(n), atol=score_err, name=name + " lse")
+    return o, lse
+
+
+# ============================================================================ correctness
+CASES = {
+    "L1_hd8": ([1], 8),
+    "L7_hd24": ([7], 24),
+    "two_items_hd8": ([3, 14], 8),
+    "three_items_L33_hd24": ([20, 1, 12], 24),
+}
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=list(LAUNCHES))
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_matches_reference(case, launch):
+    lengths, hd = CASES[case]
+    q, k, v, cu = random_qkv(lengths, heads=2, head_dim=hd, seed=list(CASES).index(case))
+    check_against_reference(q, k, v, cu, LAUNCHES[launch], f"{case}/{launch}")
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=list(LAUNCHES))
+def test_large_scores_exercise_online_rescaling(launch):
+    """Scores in the hundreds: without max-subtraction exp() overflows, and in v2 many rows find their
+    max only in a later key tile, so the running output and sum must be rescaled."""
+    lengths = [19, 13]
+    q, k, v, cu = random_qkv(lengths, heads=2, head_dim=8, seed=11, spread=40.0)
+    scores = scaled_scores(q, k, cu)
+    assert max(float(np.abs(s).max()) for s in scores) > 100.0, "precondition: scores must be large"
+    late_max = sum(int(np.sum(np.argmax(s, axis=-1) >= 8)) for s in scores)
+    assert late_max >= 10, "precondition: rows whose max key lies past the first 8-key tile"
+    check_against_reference(q, k, v, cu, LAUNCHES[launch], f"large/{launch}")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_default_launch_shapes(version):
+    """The launch shapes the model uses (v1: 128 threads, v2: 32 x 16 tiles) on a short sequence."""
+    q, k, v, cu = random_qkv([7], heads=1, head_dim=8, seed=5)
+    check_against_reference(q, k, v, cu, dict(version=version), f"default v{version}")
+
+
+@pytest.mark.parametrize("launch", ["v1_t8", "v2_5x3"])
+def test_packed_items_do_not_see_each_other(launch):
+    """Changing the middle item's tokens leaves the items before and after it bit-identical (a leak in
+    either direction shows), and does change the middle item's own output."""
+    q, k, v, cu = random_qkv([5, 4, 3], heads=2, head_dim=8, seed=3)
+    o, lse = run(q, k, v, cu, LAUNCHES[launch])
+    r = np.random.default_rng(4)
+    q2, k2, v2 = q.copy(), k.copy(), v.copy()
+    middle = slice(cu[1], cu[2])
+    for a in (q2, k2, v2):
+        a[middle] = r.standard_normal(a[middle].shape).astype(np.float32) * 2
+    o2, lse2 = run(q2, k2, v2, cu, LAUNCHES[launch])
+    for name, rows in (("first", slice(cu[0], cu[1])), ("last", slice(cu[2], cu[3]))):
+        np.testing.assert_array_equal(o2[rows], o[rows], err_msg=f"output of the {name} item changed")
+        np.testing.assert_array_equal(lse2[rows], lse[rows], err_msg=f"lse of the {name} item changed")
+    assert np.all(np.abs(o2[middle] - o[middle]).max(axis=1) > 1e-3), "the middle item's own output did not change"
+
+
+def test_length_one_item_copies_its_value():
+    """A 1-token item attends only to itself: o = v, lse = its own scaled score."""
+    q, k, v, cu = random_qkv([4, 1, 3], heads=2, head_dim=8, seed=8)
+    for launch in ("v1_t8", "v2_8x8"):
+        o, lse = run(q, k, v, cu, LAUNCHES[launch])
+        assert_close(o[4], v[4].reshape(-1), rtol=0, atol=0, name=f"{launch}: 1-token item output")
+        own = np.einsum("hd,hd->h", q[4].astype(np.float64), k[4].astype(np.float64)) / math.sqrt(8)
+        assert_close(lse[4], own, rtol=fp32_rtol(8), atol=1e-6, name=f"{launch}: 1-token item lse")
+
+
+# ============================================================================ host-side tables
+def test_query_tiles_cover_each_item_without_straddling():
+    cu = np.array([0, 5, 5, 6, 23], dtype=np.int32)  # includes an empty item and a 1-token item
+    tiles = attn.query_tiles(cu, block_q=4)
+    assert tiles.dtype == np.int32 and tiles.shape[1] == 2 and tiles.flags.c_contiguous
+    covered = []
+    for item, q0 in tiles.tolist():
+        start, end = int(cu[item]), int(cu[item + 1])
+        assert start <= q0 < end, f"tile ({item}, {q0}) starts outside its item [{start}, {end})"
+        covered.extend(range(q0, min(q0 + 4, end)))
+    assert sorted(covered) == list(range(int(cu[-1]))), "every row in exactly one tile"
+
+
+def test_pack_qkv_layout():
+    """Column s·Q + head·hd + d of the packed buffer holds slot s (q, k, v), head, dim d."""
+    q, k, v, _ = random_qkv([3], heads=2, head_dim=4, seed=1)
+    qkv = attn.pack_qkv(q, k, v)
+    Q = 8
+    for s, a in enumerate((q, k, v)):
+        for head in range(2):
+            np.testing.assert_array_equal(qkv[:, s * Q + head * 4 : s * Q + head * 4 + 4], a[:, head])
+
+
+# ============================================================================ launcher errors
+def _good(L=7, H=2, hd=8):
+    q, k, v, cu = random_qkv([L], heads=H, head_dim=hd, seed=0)
+    return attn.pack_qkv(q, k, v), cu
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda qkv, cu: (qkv.astype(np.float64), cu, 2, {}), "qkv: dtype float64"),
+        (lambda qkv, cu: (qkv[:, :-1].copy(), cu, 2, {}), "not 3·Q"),
+        (lambda qkv, cu: (qkv, cu, 3, {}), "not divisible by num_heads"),
+        (lambda qkv, cu: (qkv, cu, 0, {}), "num_heads must be a positive integer"),
+        (lambda qkv, cu: (np.asfortranarray(qkv), cu, 2, {}), "not C-contiguous"),
+        (lambda qkv, cu: (qkv.reshape(7, 3, 16), cu, 2, {}), "3 dimensions, expected 2"),
+        (lambda qkv, cu: (qkv, cu.astype(np.int64), 2, {}), "cu_seqlens: dtype int64"),
+        (lambda qkv, cu: (qkv, np.array([7], np.int32), 2, {}), "at least 2 entries"),
+        (lambda qkv, cu: (qkv, np.array([1, 7], np.int32), 2, {}), "must start at 0"),
+        (lambda qkv, cu: (qkv, np.array([0, 5, 3, 7], np.int32), 2, {}), "decreases at index 2"),
+        (lambda qkv, cu: (qkv, np.array([0, 3, 6], np.int32), 2, {}), "ends at 6 but qkv has L = 7"),
+        (lambda qkv, cu: (qkv, cu, 2, dict(version=3)), "version must be one of"),
+        (lambda qkv, cu: (qkv, cu, 2, dict(version=1, threads=12)), "threads must be a power of two"),
+        (lambda qkv, cu: (qkv, cu, 2, dict(version=2, block_q=64, block_k=32)), "exceeds 1024"),
+        (lambda qkv, cu: (qkv, cu, 2, dict(version=2, block_q=0)), "block_q must be a positive integer"),
+    ],
+)
+def test_launcher_rejects_bad_input(mutate, match):
+    qkv, cu = _good()
+    qkv, cu, heads, kwargs = mutate(qkv, cu)
+    with pytest.raises(ValueError, match=match):
+        attn.attention(qkv, cu, heads, **kwargs)
+
+
+def test_v1_rejects_items_longer_than_its_score_buffer():
+    L = attn.V1_MAX_KEYS + 3
+    qkv = np.zeros((L, 3 * 8), dtype=np.float32)
+    cu = np.array([0, 2, L], dtype=np.int32)  # the second item holds V1_MAX_KEYS + 1 tokens
+    with pytest.raises(ValueError, match="V1_MAX_KEYS"):
+        attn.attention(qkv, cu, 1, version=1)
+
+
+def test_v2_rejects_tiles_beyond_static_shared_memory():
+    qkv = np.zeros((3, 3 * 1024), dtype=np.float32)  # one head of head_dim 1024
+    cu = np.array([0, 3], dtype=np.int32)
+    with pytest.raises(ValueError, match="shared memory"):
+        attn.attention(qkv, cu, 1, version=2)
