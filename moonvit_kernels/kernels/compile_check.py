@@ -1,0 +1,283 @@
+"""Compile tier: build every numba.cuda kernel for a real GPU (sm_90, H100/H200) without one.
+
+Run `python -m moonvit_kernels.kernels.compile_check` for a table of
+kernel | registers | spill bytes | stack | shared memory, or add `--json` for machine-readable output.
+The exit status is 1 when any kernel fails a check.
+
+What is checked, per kernel:
+  1. numba compiles it to PTX for compute capability 9.0 (`numba.cuda.compile_ptx`). This catches
+     typing errors the CUDA simulator lets through (it runs kernels as plain Python).
+  2. nvJitLink (the `nvidia-nvjitlink` wheel, a numba-cuda[cu13] dependency, called through
+     `cuda.bindings.nvjitlink`) assembles the PTX to sm_90 SASS with `-verbose`; its info log
+     (ptxas's `-v` report) gives registers per thread, spill stores/loads, stack frame and shared memory.
+  3. No spills, and registers per thread <= the kernel's limit.
+The pip-installed toolkit is used on purpose: a system `ptxas` may be older and reject newer PTX.
+
+Which kernels: every module of this package that defines
+    COMPILE_SIGNATURES = [(python_function, "signature"), ...]
+where `python_function` is the kernel's Python function (`dispatcher.py_func` for an `@cuda.jit`
+kernel) and the signature is numba's, e.g. `"void(float32[:, ::1], int32)"`. An optional third
+element sets the kernel's register limit (default DEFAULT_MAX_REGISTERS). A useful limit is
+`65536 // threads_per_block` (capped at 255): above it the launch fails on Hopper.
+
+The simulator must be off in this process (`NUMBA_ENABLE_CUDASIM` unset or 0): `main` removes the
+variable before numba is first imported, so the tests run this module in a subprocess.
+Shared memory as ptxas reports it includes the 1 KiB that sm_90 reserves in every block that uses any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import pkgutil
+import re
+import sys
+import types
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+TARGET_CC = (9, 0)
+DEFAULT_MAX_REGISTERS = 128
+PACKAGE = "moonvit_kernels.kernels"
+SKIP_MODULES = {"compile_check"}
+
+
+@dataclass
+class KernelReport:
+    """What the compile tier learnt about one kernel; `error` is None when it compiled."""
+
+    module: str
+    kernel: str
+    signature: str
+    max_registers: int
+    registers: int | None = None
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+    stack_bytes: int | None = None
+    shared_bytes: int | None = None
+    error: str | None = None
+
+    @property
+    def spill_bytes(self) -> int | None:
+        if self.spill_stores is None or self.spill_loads is None:
+            return None
+        return self.spill_stores + self.spill_loads
+
+    def problems(self) -> list[str]:
+        """Why this kernel fails the tier (empty list: it passes)."""
+        if self.error is not None:
+            return [f"does not compile: {self.error}"]
+        out = []
+        if self.registers is None or self.spill_bytes is None:
+            out.append("ptxas report not found in the nvJitLink log")
+            return out
+        if self.spill_bytes:
+            out.append(f"spills ({self.spill_stores} bytes stored, {self.spill_loads} bytes loaded)")
+        if self.registers > self.max_registers:
+            out.append(f"uses {self.registers} registers, limit {self.max_registers}")
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "spill_bytes": self.spill_bytes, "ok": self.ok, "problems": self.problems()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KernelReport:
+        names = cls.__dataclass_fields__.keys()
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# ============================================================================ the ptxas report
+_FUNCTION_PROPERTIES = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_LINKER_SUMMARY = re.compile(r"used (\d+) registers.*?(\d+) stack, (\d+) bytes smem", re.IGNORECASE)
+_PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas_log(log: str) -> dict[str, int]:
+    """Read registers, spills, stack and shared memory of the (single) kernel in a ptxas `-v` log.
+
+    Lines used: `N bytes stack frame, N bytes spill stores, N bytes spill loads` (ptxas) and
+    nvJitLink's `used N registers, ..., N stack, N bytes smem, ...`. With several functions in one
+    log the largest value of each field is returned. Missing fields are absent from the dict.
+    """
+    out: dict[str, int] = {}
+
+    def keep(key: str, value: str) -> None:
+        out[key] = max(out.get(key, 0), int(value))
+
+    for stack, stores, loads in _FUNCTION_PROPERTIES.findall(log):
+        keep("stack_bytes", stack)
+        keep("spill_stores", stores)
+        keep("spill_loads", loads)
+    for registers, stack, smem in _LINKER_SUMMARY.findall(log):
+        keep("registers", registers)
+        keep("stack_bytes", stack)
+        keep("shared_bytes", smem)
+    if "registers" not in out:
+        for registers in _PTXAS_REGISTERS.findall(log):
+            keep("registers", registers)
+    return out
+
+
+# ============================================================================ compiling
+@contextlib.contextmanager
+def _device_functions_target(cc: tuple[int, int]) -> Iterator[None]:
+    """Compile `@cuda.jit(device=True)` callees for `cc` without a driver.
+
+    numba-cuda 0.30 compiles a device function called from a kernel for "the current device"
+    (`get_current_device().compute_capability`), which needs a CUDA driver even inside
+    `compile_ptx(..., cc=...)`. Here that lookup answers the target architecture instead.
+    """
+    from numba.cuda import dispatcher
+
+    original = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=cc)
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = original
+
+
+def assemble(ptx: str, arch: str = "sm_90") -> str:
+    """Assemble PTX to SASS for `arch` with nvJitLink and return its verbose info log."""
+    from cuda.bindings import nvjitlink
+
+    handle = nvjitlink.create(2, [f"-arch={arch}".encode(), b"-verbose"])
+    try:
+        data = ptx.encode()
+        try:
+            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+            nvjitlink.complete(handle)
+        except nvjitlink.nvJitLinkError as e:
+            size = nvjitlink.get_error_log_size(handle)
+            log = bytearray(size)
+            nvjitlink.get_error_log(handle, log)
+            raise RuntimeError(f"nvJitLink: {e}: {log.decode(errors='replace').strip(chr(0)).strip()}") from None
+        size = nvjitlink.get_info_log_size(handle)
+        log = bytearray(size)
+        nvjitlink.get_info_log(handle, log)
+        return log.decode(errors="replace").rstrip("\0")
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def check_kernel(
+    fn: Callable,
+    signature: str,
+    max_registers: int = DEFAULT_MAX_REGISTERS,
+    module: str = "",
+    cc: tuple[int, int] = TARGET_CC,
+) -> KernelReport:
+    """Compile one kernel's Python function for `signature` to PTX then SASS (`sm_{cc}`); never raises."""
+    from numba import cuda
+
+    report = KernelReport(module=module, kernel=fn.__name__, signature=signature, max_registers=int(max_registers))
+    try:
+        with _device_functions_target(cc):
+            ptx, _ = cuda.compile_ptx(fn, signature, cc=cc)
+        log = assemble(ptx, f"sm_{cc[0]}{cc[1]}")
+    except Exception as e:  # a compile error is a result of this tier, not a crash of it
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        report.error = f"{type(e).__name__}: {first_line}"[:500]
+        return report
+    for key, value in parse_ptxas_log(log).items():
+        setattr(report, key, value)
+    return report
+
+
+def kernel_modules() -> list[str]:
+    """Names of the modules of this package (other than this one), sorted."""
+    package = importlib.import_module(PACKAGE)
+    return sorted(f"{PACKAGE}.{m.name}" for m in pkgutil.iter_modules(package.__path__) if m.name not in SKIP_MODULES)
+
+
+def check_all(modules: Sequence[str] | None = None, cc: tuple[int, int] = TARGET_CC) -> list[KernelReport]:
+    """Compile every `COMPILE_SIGNATURES` entry of `modules` (default: all kernel modules)."""
+    reports = []
+    for name in modules if modules is not None else kernel_modules():
+        short = name.rsplit(".", 1)[-1]
+        try:
+            module = importlib.import_module(name)
+        except Exception as e:
+            reports.append(KernelReport(short, "<import>", "", 0, error=f"{type(e).__name__}: {e}"[:500]))
+            continue
+        entries = getattr(module, "COMPILE_SIGNATURES", None)
+        if entries is None:
+            continue
+        for entry in entries:
+            fn, signature, *rest = entry
+            limit = rest[0] if rest else DEFAULT_MAX_REGISTERS
+            reports.append(check_kernel(fn, signature, limit, short, cc))
+    _disambiguate(reports)
+    return reports
+
+
+def _disambiguate(reports: list[KernelReport]) -> None:
+    """Number kernels that share a module and a name (e.g. one factory, several variants)."""
+    seen: dict[tuple[str, str], int] = {}
+    for r in reports:
+        seen[(r.module, r.kernel)] = seen.get((r.module, r.kernel), 0) + 1
+    count: dict[tuple[str, str], int] = {}
+    for r in reports:
+        key = (r.module, r.kernel)
+        if seen[key] > 1:
+            count[key] = count.get(key, 0) + 1
+            r.kernel = f"{r.kernel}#{count[key]}"
+
+
+# ============================================================================ output
+def format_table(reports: Sequence[KernelReport], cc: tuple[int, int] = TARGET_CC) -> str:
+    """A fixed-width table: module | kernel | registers (limit) | spill bytes | stack | shared | status."""
+    header = ("module", "kernel", "registers", "spill bytes", "stack", "shared mem", "status")
+    rows = [header]
+    for r in reports:
+
+        def show(v: int | None) -> str:
+            return "-" if v is None else str(v)
+
+        registers = "-" if r.registers is None else f"{r.registers} / {r.max_registers}"
+        status = "ok" if r.ok else "FAIL: " + "; ".join(r.problems())
+        rows.append(
+            (r.module, r.kernel, registers, show(r.spill_bytes), show(r.stack_bytes), show(r.shared_bytes), status)
+        )
+    widths = [max(len(row[i]) for row in rows[:]) for i in range(len(header) - 1)]
+    lines = []
+    for i, row in enumerate(rows):
+        lines.append(" | ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + " | " + row[-1])
+        if i == 0:
+            lines.append("-+-".join("-" * w for w in widths) + "-+-" + "-" * len(header[-1]))
+    failed = sum(not r.ok for r in reports)
+    lines.append(
+        f"\n{len(reports)} kernels compiled for sm_{cc[0]}{cc[1]} (registers per thread, bytes per block; "
+        f"shared includes sm_90's 1 KiB reserve): {failed} failed"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: compile every kernel, print the table (or JSON); exit status 1 on any failure."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print a JSON list of per-kernel reports")
+    parser.add_argument("--module", action="append", help="only this kernel module (e.g. attention); repeatable")
+    args = parser.parse_args(argv)
+    if "numba" in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        parser.error("numba was already imported with NUMBA_ENABLE_CUDASIM on; run this in a fresh process")
+    os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
+    modules = None if not args.module else [f"{PACKAGE}.{m}" for m in args.module]
+    reports = check_all(modules)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports], indent=1))
+    else:
+        print(format_table(reports))
+    return 0 if reports and all(r.ok for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Compile tier: every numba.cuda kernel compiles for sm_90 (PTX -> SASS) without a GPU, with no spills
+and registers within its limit. The compiler runs in a subprocess with the CUDA simulator off."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from moonvit_kernels.kernels.compile_check import KernelReport, format_table, parse_ptxas_log
+
+pytestmark = pytest.mark.compile
+
+# Kernels attention.py must contribute (real head_dim 128 and the tiny config's 24).
+ATTENTION_KERNELS = {
+    "attention_v1_hd128_t128",
+    "attention_v1_hd24_t128",
+    "attention_v2_hd128_q32_k16",
+    "attention_v2_hd24_q32_k16",
+}
+
+
+def _run_without_simulator(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def reports() -> list[KernelReport]:
+    r = _run_without_simulator(["-m", "moonvit_kernels.kernels.compile_check", "--json"], timeout=170)
+    try:
+        data = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"compile_check printed no JSON (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return [KernelReport.from_dict(d) for d in data]
+
+
+def test_every_kernel_compiles_for_sm90_without_spills(reports):
+    print("\n" + format_table(reports))
+    failures = [f"{r.module}.{r.kernel}: {'; '.join(r.problems())}" for r in reports if not r.ok]
+    assert not failures, "kernels failing the compile tier:\n" + "\n".join(failures)
+
+
+def test_attention_kernels_are_checked(reports):
+    checked = {r.kernel for r in reports if r.module == "attention"}
+    assert ATTENTION_KERNELS <= checked, f"missing from the compile tier: {sorted(ATTENTION_KERNELS - checked)}"
+    for r in reports:
+        if r.module == "attention":
+            assert r.registers is not None and r.registers > 0 and r.shared_bytes and r.shared_bytes > 1024, r
+
+
+def test_checker_reports_compile_errors_and_register_overflow():
+    """The tier can fail: a kernel that does not type-check, and a register limit set too low."""
+    script = textwrap.dedent(
+        """
+        import json
+        from numba import cuda, float32
+        from moonvit_kernels.kernels.compile_check import check_kernel
+
+        def bad_types(out):
+            out[0] = (1.0, 2.0)  # a tuple cannot be stored in a float32 array
+
+        def fine(out, x):
+            i = cuda.grid(1)
+            if i < out.shape[0]:
+                out[i] = x * float32(2.0)
+
+        reports = [
+            check_kernel(bad_types, "void(float32[::1])"),
+            check_kernel(fine, "void(float32[::1], float32)", max_registers=2),
+            check_kernel(fine, "void(float32[::1], float32)"),
+        ]
+        print(json.dumps([r.to_dict() for r in reports]))
+        """
+    )
+    r = _run_without_simulator(["-c", script], timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    bad, tight, good = json.loads(r.stdout.strip().splitlines()[-1])
+    assert not bad["ok"] and bad["error"] and "does not compile" in bad["problems"][0]
+    assert not tight["ok"] and any("registers, limit 2" in p for p in tight["problems"])
+    assert good["ok"] and good["registers"] > 2 and good["spill_bytes"] == 0
+
+
+def test_parse_ptxas_log_reads_spills_registers_and_shared_memory():
+    log = textwrap.dedent(
+        """
+        ptxas info    : Compiling entry function '_Z1kPf' for 'sm_90'
+        ptxas info    : Function properties for _Z1kPf
+        ptxas         .     16 bytes stack frame, 24 bytes spill stores, 12 bytes spill loads
+        ptxas info    : Used 255 registers, used 1 barriers
+        info    : used 255 registers, used 1 barriers, 16 stack, 5120 bytes smem, 640 bytes cmem[0], 0 bytes lmem
+        """
+    )
+    got = parse_ptxas_log(log)
+    assert got == {"stack_bytes": 16, "spill_stores": 24, "spill_loads": 12, "registers": 255, "shared_bytes": 5120}
+    report = KernelReport("m", "k", "void()", 128, **got)
+    problems = report.problems()
+    assert not report.ok and len(problems) == 2
+    assert "spills (24 bytes stored, 12 bytes loaded)" in problems[0] and "255 registers, limit 128" in problems[1]
+    assert "FAIL" in format_table([report])
