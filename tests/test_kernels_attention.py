@@ -204,8 +204,9 @@ def test_v1_rejects_items_longer_than_its_score_buffer():
         attn.attention(qkv, cu, 1, version=1)
 
 
-def test_v2_rejects_tiles_beyond_static_shared_memory():
-    qkv = np.zeros((3, 3 * 1024), dtype=np.float32)  # one head of head_dim 1024
+@pytest.mark.parametrize("version", [1, 2])
+def test_rejects_launch_shapes_beyond_static_shared_memory(version):
+    qkv = np.zeros((3, 3 * 4096), dtype=np.float32)  # one head of head_dim 4096
     cu = np.array([0, 3], dtype=np.int32)
-    with pytest.raises(ValueError, match="shared memory"):
-        attn.attention(qkv, cu, 1, version=2)
+    with pytest.raises(ValueError, match=f"attention v{version} .* bytes of shared memory"):
+        attn.attention(qkv, cu, 1, version=version)

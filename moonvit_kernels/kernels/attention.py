@@ -394,10 +394,6 @@ def attention(
     cu_host = check_cu_seqlens(cu_seqlens, L)
     scale = np.float32(1.0 / math.sqrt(hd))
 
-    qkv_d = to_device(qkv)
-    cu_d = to_device(cu_host)
-    o = device_array((L, q_width))
-    lse = device_array((L, H))
     if version == 1:
         threads = _check_power_of_two("threads", threads, 1024)
         longest = int(np.max(np.diff(cu_host)))
@@ -406,18 +402,26 @@ def attention(
                 f"attention v1 holds at most V1_MAX_KEYS = {V1_MAX_KEYS} keys per item, the longest item has "
                 f"{longest}: use version 2"
             )
-        attention_v1_kernel(hd, threads)[(L, H), threads](qkv_d, cu_d, o, lse, scale)
+        shared = v1_shared_bytes(hd, threads)
     else:
         block_q = check_positive("block_q", block_q)
         block_k = check_positive("block_k", block_k)
         if block_q * block_k > 1024:
             raise ValueError(f"block_q x block_k = {block_q * block_k} threads exceeds 1024 per block")
         shared = v2_shared_bytes(hd, block_q, block_k)
-        if shared > MAX_STATIC_SHARED_BYTES:
-            raise ValueError(
-                f"attention v2 tiles (head_dim={hd}, block_q={block_q}, block_k={block_k}) need {shared} bytes of "
-                f"shared memory, more than {MAX_STATIC_SHARED_BYTES}: use smaller tiles"
-            )
+    if shared > MAX_STATIC_SHARED_BYTES:
+        raise ValueError(
+            f"attention v{version} (head_dim={hd}, threads={threads}, block_q={block_q}, block_k={block_k}) needs "
+            f"{shared} bytes of shared memory, more than {MAX_STATIC_SHARED_BYTES}: use version 2 with smaller tiles"
+        )
+
+    qkv_d = to_device(qkv)
+    cu_d = to_device(cu_host)
+    o = device_array((L, q_width))
+    lse = device_array((L, H))
+    if version == 1:
+        attention_v1_kernel(hd, threads)[(L, H), threads](qkv_d, cu_d, o, lse, scale)
+    else:
         tiles = to_device(query_tiles(cu_host, block_q))
         attention_v2_kernel(hd, block_q, block_k)[(tiles.shape[0], H), (block_k, block_q)](
             qkv_d, cu_d, tiles, o, lse, scale
