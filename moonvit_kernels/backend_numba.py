@@ -1,0 +1,149 @@
+"""The `numba` backend: the whole tower and projector with the numba.cuda kernels.
+
+Weights are uploaded once (float32, checkpoint layout `[out, in]`: every linear layer is the
+GEMM `x · Wᵀ`). Activations stay on the device from the patch GEMM to the projector's norm; only
+small int32 tables (items, cu_seqlens) travel per call, and intermediates are copied to the host
+only when asked for. Runs on a GPU, or on the CPU under numba's CUDA simulator (slow: tiny
+configs only).
+
+Per call (SPEC.md stage numbers):
+  1  x = pixels [L, 3·p·p] · W_patchᵀ                          gemm
+  2  x += interpolated grid (+ time[f] for video frames)       add_position_embedding (in place)
+  3  per layer: a = rmsnorm(x); qkv = a · wqkvᵀ; rope2d(qkv) in place;
+     o = attention(qkv); x = o · woᵀ + x; a = rmsnorm(x);
+     h = gelu_tanh(a · fc0ᵀ); x = h · fc1ᵀ + x                  (residual adds fused in the GEMMs)
+  4  x = rmsnorm(x, final_layernorm)
+  5  merged [M, kh·kw·D] = frame mean + kh×kw gather            merge
+  6  y = rmsnorm(gelu_erf(merged · P0ᵀ) · P2ᵀ, post_norm)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from .config import VisionConfig
+from .kernels import attention as attention_k
+from .kernels import gemm as gemm_k
+from .kernels import merge as merge_k
+from .kernels import pos_emb as pos_emb_k
+from .kernels import rmsnorm as rmsnorm_k
+from .kernels import rope as rope_k
+from .kernels.launch import cu_seqlens_table, grid_table, is_device_array, item_table
+from .reference import layer_weight_names, validate_grid_thws, validate_inputs
+from .weights import check_weights
+
+
+class NumbaBackend:
+    """MoonViT on numba.cuda kernels (float32); see the module docstring for the stage order."""
+
+    name = "numba"
+
+    def __init__(
+        self,
+        config: VisionConfig,
+        weights: Mapping[str, np.ndarray],
+        dtype: str = "float32",
+        gemm_version: int = 3,
+        attention_version: int = 2,
+    ):
+        if dtype != "float32":
+            raise ValueError(f"the numba backend computes in float32, not {dtype!r}")
+        if gemm_version not in gemm_k.VERSIONS:
+            raise ValueError(f"gemm_version must be one of {gemm_k.VERSIONS}, got {gemm_version!r}")
+        if attention_version not in attention_k.VERSIONS:
+            raise ValueError(f"attention_version must be one of {attention_k.VERSIONS}, got {attention_version!r}")
+        check_weights(weights, config)
+        self.config = config
+        self.gemm_version = gemm_version
+        self.attention_version = attention_version
+        D = config.vt_hidden_size
+
+        def up(name: str, shape: tuple[int, ...] | None = None) -> Any:
+            a = np.asarray(weights[name], dtype=np.float32)
+            return cuda.to_device(np.ascontiguousarray(a if shape is None else a.reshape(shape)))
+
+        self.patch_w = up("vision_tower.patch_embed.proj.weight", (D, config.patch_dim))
+        self.pos_w = up("vision_tower.patch_embed.pos_emb.weight")
+        self.time = cuda.to_device(pos_emb_k.time_table(D, config.init_pos_emb_time))
+        self.layers = [
+            {role: up(name) for role, name in layer_weight_names(i).items()} for i in range(config.vt_num_hidden_layers)
+        ]
+        self.final_norm = up("vision_tower.encoder.final_layernorm.weight")
+        self.proj0 = up("mm_projector.proj.0.weight")
+        self.proj2 = up("mm_projector.proj.2.weight")
+        self.post_norm = up("mm_projector.post_norm.weight")
+
+    # ------------------------------------------------------------------ helpers
+    def _gemm(self, a: Any, b: Any, epilogue: str = "none", residual: Any = None, out: Any = None) -> Any:
+        return gemm_k.gemm(a, b, epilogue=epilogue, residual=residual, out=out, version=self.gemm_version)
+
+    def _pixels_on_device(self, pixel_values: Any, grid: np.ndarray) -> Any:
+        """`[L, 3·p·p]` float32 on the device; host arrays are validated (shape, dtype, finite)."""
+        p = self.config.patch_size
+        L = int(np.sum(np.prod(grid, axis=1)))
+        if is_device_array(pixel_values) or hasattr(pixel_values, "__cuda_array_interface__"):
+            pv = pixel_values if is_device_array(pixel_values) else cuda.as_cuda_array(pixel_values)
+            if np.dtype(pv.dtype) != np.float32:
+                raise ValueError(f"device pixel_values must be float32, got {np.dtype(pv.dtype)}")
+            if tuple(pv.shape) != (L, 3, p, p):
+                raise ValueError(f"pixel_values shape {tuple(pv.shape)} is not [L={L}, 3, {p}, {p}] for grid_thws")
+            if not pv.is_c_contiguous():
+                raise ValueError("device pixel_values must be C-contiguous")
+            return pv.reshape(L, 3 * p * p)
+        pv, _ = validate_inputs(pixel_values, grid, self.config)
+        return cuda.to_device(np.ascontiguousarray(pv.reshape(L, 3 * p * p)))
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self, pixel_values: Any, grid_thws: Any, return_intermediates: bool = False, as_numpy: bool = False
+    ) -> Any:
+        """Per-item outputs `[n_merged_i, text_hidden]` (device arrays, or NumPy with `as_numpy`);
+        with `return_intermediates`, also the stage dict of `reference.vision_forward` (NumPy)."""
+        c = self.config
+        grid = validate_grid_thws(grid_thws, c)
+        x_in = self._pixels_on_device(pixel_values, grid)
+        H, hd = c.vt_num_attention_heads, c.head_dim
+        grid32 = grid_table(grid)
+        cu_host = cu_seqlens_table(grid32)
+        grid_d = cuda.to_device(grid32)
+        cu_d = cuda.to_device(cu_host)
+        stages: dict[str, np.ndarray] = {}
+
+        def keep(name: str, value: Any) -> None:
+            if return_intermediates:
+                stages[name] = value.copy_to_host()
+
+        x = self._gemm(x_in, self.patch_w)
+        keep("patch_embed", x)
+        pos_emb_k.add_position_embedding(
+            x, self.pos_w, self.time, cuda.to_device(item_table(grid32)), mode=c.pos_emb_interpolation_mode
+        )
+        keep("pos_emb", x)
+        for i, layer in enumerate(self.layers):
+            a = rmsnorm_k.rmsnorm(x, layer["norm0"], c.vit_norm_eps)
+            qkv = self._gemm(a, layer["wqkv"])
+            rope_k.rope2d(qkv, grid_d, cu_d, H, hd)
+            o, _ = attention_k.attention(qkv, cu_host, H, version=self.attention_version)
+            self._gemm(o, layer["wo"], "residual", residual=x, out=x)
+            rmsnorm_k.rmsnorm(x, layer["norm1"], c.vit_norm_eps, out=a)
+            h = self._gemm(a, layer["fc0"], "gelu_tanh")
+            self._gemm(h, layer["fc1"], "residual", residual=x, out=x)
+            keep(f"layer_{i}", x)
+        rmsnorm_k.rmsnorm(x, self.final_norm, c.vit_norm_eps, out=x)
+        keep("final_norm", x)
+        kh, kw = c.merge_kernel_size
+        sizes = [(h // kh) * (w // kw) for _, h, w in grid.tolist()]
+        merged = merge_k.merge_gather(x, item_table(grid32, c.merge_kernel_size), c.merge_kernel_size, sum(sizes))
+        keep("merged", merged)
+        y = self._gemm(self._gemm(merged, self.proj0, "gelu_erf"), self.proj2)
+        rmsnorm_k.rmsnorm(y, self.post_norm, c.projector_ln_eps, out=y)
+        keep("projected", y)
+
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        y_out = y.copy_to_host() if as_numpy else y
+        outputs = [y_out[s:e] for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
+        return (outputs, stages) if return_intermediates else outputs

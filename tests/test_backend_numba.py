@@ -1,0 +1,67 @@
+"""The whole `numba` forward (CUDA simulator without a GPU) against the NumPy reference.
+
+The simulator runs one Python thread per CUDA thread, so one forward of the tiny config is
+kept to ~40 tokens and run once per module; every check reads that one run.
+"""
+
+import numpy as np
+import pytest
+from helpers import assert_close, random_pixels
+
+from moonvit_kernels import reference as ref
+from moonvit_kernels.compare import compare_stages
+from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.model import MoonViT
+from moonvit_kernels.weights import random_weights
+
+CFG = VisionConfig.tiny()
+# an image resized from the 6x6 grid in both directions (4 rows, 8 columns) and a 2-frame video
+GRID = np.array([[1, 4, 8], [2, 2, 2]])
+
+
+@pytest.fixture(scope="module")
+def run():
+    w = random_weights(CFG, seed=11)
+    pv = random_pixels(GRID, CFG.patch_size, seed=12)
+    ref_out, ref_stages = ref.vision_forward(pv, GRID, w, CFG, dtype=np.float64, return_intermediates=True)
+    model = MoonViT(CFG, w, backend="numba")
+    out, stages = model.forward(pv, GRID, return_intermediates=True, as_numpy=True)
+    return model, pv, out, stages, ref_out, ref_stages
+
+
+def test_numba_forward_matches_reference(run):
+    _, _, out, _, ref_out, _ = run
+    assert [o.shape for o in out] == [r.shape for r in ref_out] == [(8, 40), (1, 40)]
+    for i, (o, r) in enumerate(zip(out, ref_out, strict=True)):
+        assert_close(o, r, rtol=2e-4, atol=2e-4, name=f"item {i}")
+
+
+def test_numba_intermediates_match_reference(run):
+    _, _, _, stages, _, ref_stages = run
+    assert list(stages) == list(ref_stages)
+    for name in stages:
+        scale = np.abs(ref_stages[name]).max()
+        assert_close(stages[name], ref_stages[name], rtol=1e-4, atol=1e-4 * scale, name=name)
+    report = compare_stages(stages, ref_stages, names=("numba", "numpy float64"))
+    assert report.ok, report.table()
+
+
+def test_numba_backend_rejects_bad_input(run):
+    model, pv, _, _, _, _ = run
+    with pytest.raises(ValueError, match="holds 39 patches"):
+        model.forward(pv[:-1], GRID)
+    with pytest.raises(ValueError, match=r"shape \(40, 3, 4, 3\)"):
+        model.forward(pv[..., :3], GRID)
+    with pytest.raises(ValueError, match="divisible"):
+        model.forward(pv, np.array([[1, 5, 8], [2, 2, 2]]))
+    with pytest.raises(ValueError, match="non-finite"):
+        bad = pv.copy()
+        bad[3, 1, 2, 0] = np.inf
+        model.forward(bad, GRID)
+    w = random_weights(CFG, 0)
+    with pytest.raises(ValueError, match="float32"):
+        MoonViT(CFG, w, backend="numba", dtype="bfloat16")
+    with pytest.raises(ValueError, match="gemm_version"):
+        MoonViT(CFG, w, backend="numba", gemm_version=4)
+    with pytest.raises(ValueError, match="unknown backend"):
+        MoonViT(CFG, w, backend="tpu")
