@@ -1059,6 +1059,283 @@ def rope_notebook() -> list[nbformat.NotebookNode]:
     ]
 
 
+# ============================================================================ 04 attention
+def attention_notebook() -> list[nbformat.NotebookNode]:
+    return [
+        md("""
+        # 04 — Attention over packed media: naive, then tiled with an online softmax
+
+        **What the source does.** Each encoder block runs multi-head softmax attention (SPEC.md, stage 3):
+        `o = softmax(q·kᵀ / √hd) · v` per head, **non-causal**, with the softmax in float32. Several media
+        items (images, video chunks) are packed into one sequence of `L` tokens, described by `cu_seqlens`
+        (`[0, n₀, n₀+n₁, …]`), and **an item never attends to another** — the mask is block-diagonal.
+        The source calls a variable-length flash-attention kernel for this; here it is built in two steps.
+
+        **Pitfalls other ports hit:** attention leaking across packed items (one softmax over all `L`
+        tokens); materialising the `L×L` score matrix (at 16k tokens and 12 heads that is 12 GiB in fp32).
+
+        | version | one block per | scores kept | K/V read from global memory |
+        |---|---|---|---|
+        | v1 naive | (query row, head) | the whole row of its item, in shared memory (≤ 8192 keys) | once per query row |
+        | v2 tiled, online softmax | (tile of query rows, head) | one `block_q × block_k` tile | once per query tile |
+
+        Both also return the **log-sum-exp** `lse = log Σ_j exp(s_j)` per (row, head) — the side output a
+        backward pass needs, and a sharp check of the softmax.
+        """),
+        setup_cell("""
+        import inspect
+        import math
+        import time
+
+        import numpy as np
+        from IPython.display import Markdown, display
+        from numba import cuda
+
+        from moonvit_kernels import reference
+        from moonvit_kernels.config import FP32_EPS, VisionConfig
+        from moonvit_kernels.kernels import attention as attention_module
+        from moonvit_kernels.kernels.attention import attention, pack_qkv
+        from moonvit_kernels.viz import attention_mask_picture, error_heatmap
+        from moonvit_kernels.viz_stages import (
+            attention_memory_table,
+            markdown_table,
+            median_seconds,
+            online_softmax_trace,
+            plot_online_softmax,
+            plot_timings,
+        )
+
+        rng = np.random.default_rng(0)
+        on_gpu = gpu_available() and not simulator_enabled()
+        """),
+        md("""
+        ## Sizes
+
+        On a GPU: K3's 12 heads of `hd = 128`, an 896×896 image (4096 tokens) packed with a 4-frame 224×224
+        video chunk (1024 tokens) and a small 112×112 image. On the simulator: 2 heads of `hd = 24`, three
+        items of 10, 6 and 2 tokens; v1 with 8 threads (several keys per thread) and v2 with 8×4 tiles, so
+        an item spans several query and key tiles.
+        """),
+        code("""
+        if on_gpu:
+            heads, hd = 12, 128
+            grid_thws = np.array([[1, 64, 64], [4, 16, 16], [1, 8, 8]])
+            launches = {"v1": dict(version=1), "v2": dict(version=2)}
+        else:
+            heads, hd = 2, 24
+            grid_thws = np.array([[1, 2, 5], [2, 1, 3], [1, 1, 2]])
+            launches = {"v1": dict(version=1, threads=8), "v2": dict(version=2, block_q=8, block_k=4)}
+        cu_seqlens = reference.cu_seqlens(grid_thws).astype(np.int32)
+        lengths = np.diff(cu_seqlens)
+        L, Q = int(cu_seqlens[-1]), heads * hd
+        print(f"{where()}: items of {lengths.tolist()} tokens, L = {L}, {heads} heads × hd {hd}; launches {launches}")
+        """),
+        md("""
+        ## The mask: one block per media item
+
+        `viz.attention_mask_picture` draws which key (column) each query (row) may see. Everything off the
+        diagonal blocks is forbidden — the kernels never even compute those scores: each query row looks up
+        its item in `cu_seqlens` and loops over that item's keys only.
+        """),
+        code("""
+        attention_mask_picture(grid_thws if not on_gpu else np.array([[1, 6, 8], [2, 4, 4], [1, 2, 2]]))
+        """),
+        md("""
+        ## Memory per approach
+
+        Score memory for K3 (12 heads) on a few inputs — the naive `L×L` matrix, one item's `n×n` at a time, and
+        the single tile a v2 thread block holds (`viz_stages.attention_memory_table`). Output and lse
+        (`L·H·(hd + 1)` floats) are the same for all and not counted.
+        """),
+        code("""
+        k3 = VisionConfig.k3()
+        inputs = {
+            "896×896 image": [4096],
+            "1792×1792 image": [16384],
+            "4 images 896×896 packed": [4096] * 4,
+            "video, 4 chunks of 4 frames 448²": [4 * 1024] * 4,
+        }
+        bq, bk = attention_module.V2_BLOCK_Q, attention_module.V2_BLOCK_K
+        rows = []
+        for name, lens in inputs.items():
+            table = {r.approach: r for r in attention_memory_table(lens, k3.vt_num_attention_heads, k3.head_dim, bq, bk)}
+            rows.append([name, sum(lens)] + [f"{table[a].nbytes / 2**20:,.3f} MiB" for a in table])
+        display(Markdown(markdown_table(["input", "L", *table], rows)))
+        shared = attention_module.v2_shared_bytes(k3.head_dim, bq, bk)
+        print(f"v2 with {bq}×{bk} tiles at hd = {k3.head_dim}: {shared:,} bytes of shared memory per block "
+              f"(Q tile, K tile, V tile, scores) — the same for any L")
+        """),
+        md("""
+        ## The online softmax
+
+        v2 never sees a whole row of scores. It keeps, per query row, the running max `m`, the running sum
+        `l = Σ exp(s_j − m)` and an unnormalised output `acc = Σ exp(s_j − m)·v_j`. When a new key tile raises
+        the max to `m'`, the old sum and output are rescaled by `exp(m − m')`:
+
+        `l ← l·exp(m − m') + Σ_tile exp(s_j − m')`,  `acc ← acc·exp(m − m') + Σ_tile exp(s_j − m')·v_j`
+
+        and at the end `o = acc / l`, `lse = m + log l`. Nothing is approximated: after the last tile the
+        result is the softmax exactly (up to rounding). One row of 29 random scores in tiles of 8
+        (`viz_stages.online_softmax_trace`, a NumPy transcription of this recurrence):
+        """),
+        code("""
+        s = rng.standard_normal(29) * 2
+        vals = rng.standard_normal((29, 4))
+        trace = online_softmax_trace(s, 8, vals)
+        p = np.exp(s - s.max())
+        print("running max per tile:", np.round(trace["running_max"], 3))
+        print("final lse", trace["lse"][-1], " direct", math.log(np.exp(s).sum()))
+        print("final output", np.round(trace["output"][-1], 6), " direct", np.round(p @ vals / p.sum(), 6))
+        plot_online_softmax(s, 8)
+        """),
+        md("""
+        ## The NumPy reference
+
+        `reference.attention(q, k, v, cu_seqlens, return_lse=True)` loops over items; within an item it
+        processes query rows in chunks so that no `L×L` array exists even in NumPy:
+        """),
+        code("""
+        print(inspect.getsource(reference.attention))
+        """),
+        md("""
+        ## The kernels: `moonvit_kernels/kernels/attention.py`
+
+        Both read q, k, v straight from the packed `qkv [L, 3·Q]` buffer the `wqkv` GEMM and the RoPE kernel
+        produced (no transposes), and write `o [L, Q]` in the layout the `wo` GEMM reads. The module header
+        says what each version changes:
+        """),
+        code("""
+        print(attention_module.__doc__)
+        """),
+        md("""
+        ## Check against NumPy — output and log-sum-exp
+
+        q, k, v random and non-uniform (rows of different magnitudes, so some softmaxes are peaked). The
+        tolerance follows the fp32 rounding of a score, `4·eps·Σ|q_d·k_d|/√hd`, which `exp` turns into a
+        relative error of each probability; NaN fails.
+        """),
+        code("""
+        row_scale = np.exp(rng.uniform(0, math.log(4), (L, 1, 1)))
+        q = (rng.standard_normal((L, heads, hd)) * row_scale).astype(np.float32)
+        k = (rng.standard_normal((L, heads, hd)) * rng.uniform(0.5, 2.0, (1, heads, hd))).astype(np.float32)
+        v = (rng.standard_normal((L, heads, hd)) * 1.5 + rng.uniform(-1, 1, (1, heads, hd))).astype(np.float32)
+        qkv = pack_qkv(q, k, v)
+        ref_o, ref_lse = reference.attention(*(a.astype(np.float64) for a in (q, k, v)), cu_seqlens, return_lse=True)
+        ref_o = ref_o.reshape(L, Q)
+
+        bounds = list(zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True))
+        abs_terms = max(float(np.einsum("qhd,khd->hqk", np.abs(q[a:b]), np.abs(k[a:b])).max()) for a, b in bounds)
+        score_err = 4 * FP32_EPS * abs_terms / math.sqrt(hd)
+        rtol = 8 * FP32_EPS * math.sqrt(lengths.max())
+        qkv_d = cuda.to_device(qkv)
+        outputs, first_run_seconds, rows = {}, {}, []
+        for name, launch in launches.items():
+            start = time.perf_counter()
+            o_d, lse_d = attention(qkv_d, cu_seqlens, heads, **launch)
+            cuda.synchronize()
+            first_run_seconds[name] = time.perf_counter() - start
+            o, lse = o_d.copy_to_host(), lse_d.copy_to_host()
+            assert np.all(np.isfinite(o)) and np.all(np.isfinite(lse)), name
+            np.testing.assert_allclose(o, ref_o, rtol=rtol, atol=(score_err + rtol) * np.abs(v).max(), err_msg=name)
+            np.testing.assert_allclose(lse, ref_lse, rtol=rtol, atol=score_err, err_msg=name + " lse")
+            outputs[name] = o
+            rows.append([name, str(launch), np.abs(o - ref_o).max(), np.abs(lse - ref_lse).max()])
+        display(Markdown(markdown_table(["kernel", "launch", "o: max abs error", "lse: max abs error"], rows)))
+        """),
+        code("""
+        error_heatmap(outputs["v2"], ref_o, title="attention v2 vs float64, o [L, Q]")
+        """),
+        md("""
+        ## No leaks between items
+
+        Change every key and value of the *last* item and run again: the outputs of all other items must not
+        change in a single bit. Then the pitfall: one softmax over the whole packed sequence (`cu_seqlens =
+        [0, L]`), as a port without the mask computes it.
+        """),
+        code("""
+        a, b = bounds[-1]
+        changed = qkv.copy()
+        changed[a:b, Q:] = rng.standard_normal((b - a, 2 * Q)).astype(np.float32)
+        for name, launch in launches.items():
+            o2 = attention(changed, cu_seqlens, heads, **launch)[0].copy_to_host()
+            assert np.array_equal(o2[:a], outputs[name][:a]), f"{name}: item {len(bounds) - 1} leaked into the others"
+            assert not np.array_equal(o2[a:], outputs[name][a:])
+        print("changing the last item's k, v left every other item's output bit-for-bit unchanged")
+
+        leaky = reference.attention(q, k, v, np.array([0, L]))
+        print(f"one softmax over all L tokens: max |o − o_packed| = {np.abs(leaky.reshape(L, Q) - ref_o).max():.2f}")
+        """),
+        md("""
+        ## Speed
+
+        Attention does `4·n²·Q` FLOPs per item (two matrix products per head). On the simulator the times
+        measure Python threads — no GPU number exists there. On a GPU, compare v1 and v2: v2 reads K and V once
+        per tile of `block_q` rows instead of once per row.
+        """),
+        code("""
+        flops = 4 * int(np.sum(lengths.astype(np.int64) ** 2)) * Q
+        seconds = {}
+        for name, launch in launches.items():
+            if on_gpu:
+                t = median_seconds(lambda launch=launch: attention(qkv_d, cu_seqlens, heads, **launch), 10, 2, cuda.synchronize)
+                seconds[f"attention {name}"] = t["median"]
+            else:
+                seconds[f"attention {name}"] = first_run_seconds[name]
+        for name, sec in seconds.items():
+            print(f"{where()}: {name}  {sec * 1e3:10.2f} ms  {flops / sec / 1e12:10.3g} TFLOP/s  (4·Σn²·Q = {flops:,} FLOP)")
+        plot_timings(seconds, where(), title=f"attention, items {lengths.tolist()}")
+        """),
+        md("""
+        ## Exercises
+
+        Each exercise cell holds a worked answer; replace it with your own and rerun — the `assert` checks it.
+
+        **1.** Two halves of a row's keys were processed separately, giving `(m₁, l₁, o₁)` and `(m₂, l₂, o₂)`
+        (max, sum of `exp(s − m)`, normalised output). Combine them into the full row's output — the rule
+        split-K flash attention uses.
+        """),
+        code("""
+        s = rng.standard_normal(20) * 3
+        vals = rng.standard_normal((20, 5))
+        h1, h2 = online_softmax_trace(s[:9], 9, vals[:9]), online_softmax_trace(s[9:], 11, vals[9:])
+        (m1, l1, o1), (m2, l2, o2) = ((h["running_max"][-1], h["running_sum"][-1], h["output"][-1]) for h in (h1, h2))
+
+        m = max(m1, m2)  # worked answer
+        w1, w2 = l1 * np.exp(m1 - m), l2 * np.exp(m2 - m)
+        combined_answer = (w1 * o1 + w2 * o2) / (w1 + w2)
+
+        p = np.exp(s - s.max())
+        np.testing.assert_allclose(combined_answer, p @ vals / p.sum(), rtol=1e-12)
+        print(combined_answer)
+        """),
+        md("""
+        **2.** From the kernel's `lse`, recover the attention probabilities of query row 0, head 0 (without
+        recomputing a max or a sum) — then they must sum to 1.
+        """),
+        code("""
+        _, lse_d = attention(qkv, cu_seqlens, heads, **launches["v2"])
+        lse = lse_d.copy_to_host()
+        a, b = bounds[0]
+        scores = (q[0, 0].astype(np.float64) @ k[a:b, 0].astype(np.float64).T) / math.sqrt(hd)
+        probs_answer = np.exp(scores - lse[0, 0])  # worked answer
+
+        assert abs(probs_answer.sum() - 1) < 1e-5
+        print(np.round(probs_answer, 4))
+        """),
+        md("""
+        **3.** How many MiB would the naive fp32 `L×L` score matrix take, all 12 heads, for one 1792×1792 image?
+        """),
+        code("""
+        L_big = (1792 // 14) ** 2
+        mib_answer = 12 * L_big**2 * 4 / 2**20  # worked answer
+
+        naive = attention_memory_table([L_big], 12, 128, bq, bk)[0]
+        assert mib_answer == naive.nbytes / 2**20
+        print(f"{mib_answer:,.0f} MiB (versus {attention_memory_table([L_big], 12, 128, bq, bk)[2].nbytes:,} bytes per v2 tile)")
+        """),
+    ]
+
+
 # ============================================================================ 05 merge and projector
 def merge_projector_notebook() -> list[nbformat.NotebookNode]:
     return [
@@ -1311,13 +1588,247 @@ def merge_projector_notebook() -> list[nbformat.NotebookNode]:
     ]
 
 
+# ============================================================================ 06 full encoder
+def full_encoder_notebook() -> list[nbformat.NotebookNode]:
+    return [
+        md("""
+        # 06 — The full encoder: every kernel together, compared stage by stage
+
+        `MoonViT(config, weights, backend=...)` assembles the stages of the previous notebooks:
+        `"numpy"` is the reference (CPU), `"numba"` runs the numba.cuda kernels (a GPU, or the simulator),
+        `"cupy"` the CUDA C kernels (GPU only), `"auto"` picks CuPy on a GPU and NumPy otherwise. With
+        `return_intermediates=True` every backend returns the same stage dict — `patch_embed`, `pos_emb`,
+        `layer_0 …`, `final_norm`, `merged`, `projected` — so `compare.compare_stages` can say **where** a
+        port first goes wrong, not just that its output differs.
+
+        This notebook: the one stage without its own notebook (the position embedding), then the assembled
+        model, its stage-by-stage comparison against a float64 reference (table and plot), how the
+        comparison pinpoints a bug, and timings labelled with where they ran.
+        """),
+        setup_cell("""
+        import time
+        from pathlib import Path
+
+        import numpy as np
+        from IPython.display import Markdown, display
+        from numba import cuda
+
+        from moonvit_kernels import backend_numba, reference
+        from moonvit_kernels.compare import compare_stages, tolerance_for
+        from moonvit_kernels.config import VisionConfig
+        from moonvit_kernels.kernels.launch import item_table
+        from moonvit_kernels.kernels.pos_emb import add_position_embedding, time_table
+        from moonvit_kernels.model import MoonViT, cupy_importable
+        from moonvit_kernels.preprocess import patchify, unpatchify
+        from moonvit_kernels.viz_stages import (
+            flop_table,
+            markdown_table,
+            median_seconds,
+            plot_position_grids,
+            plot_stage_report,
+            plot_timings,
+        )
+        from moonvit_kernels.weights import load_checkpoint, random_weights
+
+        DATA = Path("..") / "data"
+        rng = np.random.default_rng(0)
+        on_gpu = gpu_available() and not simulator_enabled()
+        """),
+        md("""
+        ## Sizes
+
+        On the simulator a whole forward pass launches ~30 kernels, each one Python thread per CUDA thread, so
+        the bundled tiny checkpoint runs on a cropped copy of its inputs: the top 2×4 patches of the image and
+        the top-left 2×2 of both video frames (16 tokens). On a GPU: K3's dimensions with random weights, the
+        first 4 of its 27 layers (so that the float64 NumPy reference stays quick), on a 448×448 image packed
+        with a 4-frame 224×224 video chunk (2048 tokens).
+        """),
+        code("""
+        if on_gpu:
+            config = VisionConfig.k3().replace(vt_num_hidden_layers=4)
+            weights = random_weights(config, seed=0)
+            grid_thws = np.array([[1, 32, 32], [4, 16, 16]])
+            L = int(np.prod(grid_thws, axis=1).sum())
+            pixel_values = rng.uniform(-1, 1, (L, 3, config.patch_size, config.patch_size)).astype(np.float32)
+        else:
+            config, weights = load_checkpoint(DATA / "tiny")
+            inputs = np.load(DATA / "tiny" / "inputs.npz")
+            pv, p = inputs["pixel_values"], config.patch_size
+            image = unpatchify(pv[:48], (1, 6, 8))[:, : 2 * p, : 4 * p]  # top 2×4 patches
+            video = unpatchify(pv[48:], (2, 4, 4))[:, : 2 * p, : 2 * p]  # top-left 2×2 of each frame
+            (a, grid_a), (b, grid_b) = patchify(np.ascontiguousarray(image), p), patchify(np.ascontiguousarray(video), p)
+            pixel_values, grid_thws = np.concatenate([a, b]), np.array([grid_a, grid_b])
+        L = pixel_values.shape[0]
+        print(f"{where()}: {config.vt_num_hidden_layers} layers, D = {config.vt_hidden_size}, items {grid_thws.tolist()}, L = {L}")
+        """),
+        md("""
+        ## The position embedding (SPEC.md, stage 2)
+
+        The checkpoint holds a learned `H0 × W0` grid (64×64 in K3, 6×6 in the tiny model). An item of `h × w`
+        patches gets the grid resized to `h × w` — `F.interpolate(mode="bilinear", align_corners=False)`:
+        source coordinate `s = (d + 0.5)·(in/out) − 0.5`, clamped; same size is exactly the identity. A video
+        frame `f` also gets the sin/cos row `time[f]` (computed, never stored; frame 0 gets +1 on the cos
+        half, an image nothing). Pitfalls: the half-pixel offset, and the bicubic coefficient (−0.75, not −0.5).
+        One channel of the tiny model's grid, as learned and resized to this run's items:
+        """),
+        code("""
+        pos_weight = weights["vision_tower.patch_embed.pos_emb.weight"]
+        plot_position_grids(pos_weight, [(6, 8), (2, 4), (2, 2)] if not on_gpu else [(32, 32), (16, 16)], channel=0)
+        """),
+        md("""
+        The kernel (`kernels/pos_emb.py`, one block per token, adding in place) against the reference, on
+        random tokens:
+        """),
+        code("""
+        x = rng.standard_normal((L, config.vt_hidden_size)).astype(np.float32)
+        table = time_table(config.vt_hidden_size, config.init_pos_emb_time)
+        got = add_position_embedding(x.copy(), pos_weight, table, item_table(grid_thws)).copy_to_host()
+        want = reference.add_position_embedding(x.astype(np.float64), grid_thws, pos_weight.astype(np.float64), config)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        print(f"position embedding kernel: max error {np.abs(got - want).max():.1e}")
+        """),
+        md("""
+        ## The assembled model
+
+        The numba backend keeps activations on the device from the patch GEMM to the projector's norm;
+        residual additions are fused into the GEMMs (`x = o·woᵀ + x` in one launch), RoPE works in place in the
+        `qkv` buffer. Its stage order, from the module:
+        """),
+        code("""
+        print(backend_numba.__doc__)
+        """),
+        code("""
+        models = {
+            "numpy float64": MoonViT(config, weights, backend="numpy", dtype="float64"),
+            "numpy float32": MoonViT(config, weights, backend="numpy"),
+            "numba": MoonViT(config, weights, backend="numba"),
+        }
+        if on_gpu and cupy_importable():
+            models["cupy"] = MoonViT(config, weights, backend="cupy")
+
+        runs, first_seconds = {}, {}
+        for name, model in models.items():
+            start = time.perf_counter()
+            outputs, stages = model.forward(pixel_values, grid_thws, return_intermediates=True, as_numpy=True)
+            first_seconds[name] = time.perf_counter() - start
+            runs[name] = (outputs, stages)
+            print(f"{name:14s} outputs {[tuple(o.shape) for o in outputs]}  first call {first_seconds[name]:8.2f} s")
+        """),
+        md("""
+        ## Stage by stage: numba against the float64 reference
+
+        For each stage: max abs error, relative error `max|a − b| / max|b|`, and the tolerance. The tolerance
+        grows by 1.15× per stage (`compare.tolerance_for`) because every layer adds rounding — a fixed bound
+        would flag the late stages of a correct port. The float32 NumPy reference shows how much of the
+        difference is plain fp32 rounding.
+        """),
+        code("""
+        reference64 = runs["numpy float64"][1]
+        reports = {
+            name: compare_stages(runs[name][1], reference64, names=(name, "numpy float64"))
+            for name in models
+            if name != "numpy float64"
+        }
+        print(reports["numba"].table())
+        rows = [[s.stage, str(s.shape)] + [reports[n].rows[i].max_rel for n in reports] + [s.tolerance, s.ok]
+                for i, s in enumerate(reports["numba"].rows)]
+        display(Markdown(markdown_table(["stage", "shape", *(f"{n}: rel. error" for n in reports), "tolerance", "numba ok"], rows)))
+        assert reports["numba"].ok, reports["numba"].first_divergence
+        """),
+        code("""
+        plot_stage_report(reports["numba"], title=f"numba ({where()}) vs numpy float64, stage by stage")
+        """),
+        md("""
+        ## What a bug looks like in this report
+
+        A port with one mistake — here `fc1` of block 1 loaded 1% too large (a wrong scale, a bf16 mishap) —
+        run through the same comparison. Everything before `layer_1` is exact to rounding; the report names the
+        first stage beyond tolerance, which is where to start looking.
+        """),
+        code("""
+        broken = dict(weights)
+        name = "vision_tower.encoder.blocks.1.mlp.fc1.weight" if config.vt_num_hidden_layers > 1 else "mm_projector.proj.2.weight"
+        broken[name] = weights[name] * 1.01
+        _, broken_stages = MoonViT(config, broken, backend="numpy").forward(pixel_values, grid_thws, return_intermediates=True)
+        report = compare_stages(broken_stages, reference64, names=("numpy, fc1 of block 1 off by 1%", "numpy float64"))
+        print(report.table())
+        plot_stage_report(report)
+        """),
+        md("""
+        ## Time, labelled with where it ran
+
+        The NumPy reference always runs on the CPU; the numba backend runs on `where()`. On the simulator
+        the numba time measures Python threads: it says nothing about GPU speed. On a GPU the first call
+        compiles every kernel, so the GPU backends are timed after a warm-up, median of several calls.
+        """),
+        code("""
+        seconds = {}
+        for name, model in models.items():
+            place = "CPU" if name.startswith("numpy") else where()
+            if on_gpu and not name.startswith("numpy"):
+                sync = cuda.synchronize if name == "numba" else __import__("cupy").cuda.Device().synchronize
+                t = median_seconds(lambda model=model: model.forward(pixel_values, grid_thws), 5, 1, sync)["median"]
+            else:
+                t = first_seconds[name]  # includes returning the intermediates
+            seconds[f"{name} ({place})"] = t
+        total_flops = sum(r.count for r in flop_table(config, grid_thws))
+        for label, sec in seconds.items():
+            print(f"{label:40s} {sec * 1e3:10.1f} ms  {total_flops / sec / 1e12:10.4g} TFLOP/s")
+        print(f"({total_flops:,} FLOP per forward, from SPEC.md's cost formulas)")
+        plot_timings(seconds, f"{where()} and CPU", unit="ms", title="one forward pass")
+        """),
+        md("""
+        ## Exercises
+
+        Each exercise cell holds a worked answer; replace it with your own and rerun — the `assert` checks it.
+
+        **1.** Break the model yourself: scale one weight by 1.01 and predict the first stage the report will
+        flag. (Worked answer: the final norm's weight only affects `final_norm` and later.)
+        """),
+        code("""
+        weight_to_break = "vision_tower.encoder.final_layernorm.weight"  # worked answer
+        predicted_first_divergence = "final_norm"
+
+        broken = {**weights, weight_to_break: weights[weight_to_break] * 1.01}
+        _, s = MoonViT(config, broken, backend="numpy").forward(pixel_values, grid_thws, return_intermediates=True)
+        assert compare_stages(s, reference64).first_divergence == predicted_first_divergence
+        print("first divergence:", predicted_first_divergence)
+        """),
+        md("""
+        **2.** The tolerance of stage `k` (0-based, in the reference's order) is `base · 1.15**k`. What is the
+        tolerance of `final_norm` for a float32 backend?
+        """),
+        code("""
+        base, growth = tolerance_for("float32")
+        k = list(reference64).index("final_norm")
+        tolerance_answer = base * growth**k  # worked answer
+
+        assert np.isclose(tolerance_answer, next(r.tolerance for r in reports["numba"].rows if r.stage == "final_norm"))
+        print(f"final_norm is stage {k}: tolerance {tolerance_answer:.2e}")
+        """),
+        md("""
+        **3.** The full K3 tower on one 896×896 image: how long would it take at the H200's ≈ 790 TFLOP/s dense
+        bf16 peak? (SPEC.md calls it the physical floor.)
+        """),
+        code("""
+        k3 = VisionConfig.k3()
+        floor_ms_answer = sum(r.count for r in flop_table(k3, [[1, 64, 64]])) / 790e12 * 1e3  # worked answer
+
+        assert 7.0 < floor_ms_answer < 8.5  # SPEC.md: ≈ 7.7 ms
+        print(f"{floor_ms_answer:.2f} ms")
+        """),
+    ]
+
+
 # ============================================================================ registry and main
 NOTEBOOKS: dict[str, Callable[[], list[nbformat.NotebookNode]]] = {
     "00_tour": tour,
     "01_patch_embed_gemm": patch_embed_gemm,
     "02_rmsnorm": rmsnorm_notebook,
     "03_rope_2d": rope_notebook,
+    "04_attention": attention_notebook,
     "05_merge_and_projector": merge_projector_notebook,
+    "06_full_encoder": full_encoder_notebook,
 }
 
 

@@ -34,7 +34,7 @@ def code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
 
 
 def test_every_stage_has_a_notebook():
-    assert set(IDS) <= set(EXPECTED)  # TODO(workbook): == once all notebooks are written
+    assert IDS == EXPECTED
 
 
 def test_the_build_script_makes_exactly_these_notebooks():
