@@ -90,12 +90,16 @@ def nvrtc_options(arch: str) -> list[str]:
 
 
 def compile_cubin(source: str, names: Sequence[str], arch: str) -> tuple[bytes, str, dict[str, str]]:
-    """Compile kernel file `source` to a cubin for `arch` with the name expressions `names`.
+    """Compile kernel file `source` (local headers inlined) to a cubin for `arch`; see `compile_text`."""
+    return compile_text(kcuda.load_source(source), source, names, arch)
+
+
+def compile_text(text: str, filename: str, names: Sequence[str], arch: str) -> tuple[bytes, str, dict[str, str]]:
+    """Compile CUDA C++ `text` with the name expressions `names` for `arch` (`nvrtc_options`).
 
     Returns (cubin, NVRTC + ptxas log, {name expression: mangled name}); CompileError on failure."""
     nvrtc = _nvrtc()
-    text = kcuda.load_source(source).encode()
-    prog = _checked(nvrtc.nvrtcCreateProgram(text, source.encode(), 0, [], []), "nvrtcCreateProgram")
+    prog = _checked(nvrtc.nvrtcCreateProgram(text.encode(), filename.encode(), 0, [], []), "nvrtcCreateProgram")
     try:
         for n in names:
             _checked(nvrtc.nvrtcAddNameExpression(prog, n.encode()), f"nvrtcAddNameExpression({n})")
@@ -106,7 +110,7 @@ def compile_cubin(source: str, names: Sequence[str], arch: str) -> tuple[bytes, 
         _checked(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
         log = buf.rstrip(b"\0 ").decode(errors="replace")
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise CompileError(f"{source} for {arch}: {status}\n{log}")
+            raise CompileError(f"{filename} for {arch}: {status}\n{log}")
         lowered = {}
         for n in names:
             mangled = _checked(nvrtc.nvrtcGetLoweredName(prog, n.encode()), f"nvrtcGetLoweredName({n})")
@@ -152,6 +156,26 @@ def warnings_in(log: str) -> list[str]:
 
 
 # ============================================================================ the check
+def judge(spec: kcuda.KernelSpec, info: PtxasInfo | None, arch: str, warnings: Sequence[str] = ()) -> list[str]:
+    """The limits `spec` breaks on `arch`, given ptxas's report `info` and the build's warnings."""
+    problems = [f"warning: {w}" for w in warnings]
+    if info is None or info.registers < 0:
+        return [*problems, "no ptxas report for this kernel (not instantiated?)"]
+    if info.spill_stores or info.spill_loads:
+        problems.append(f"spills {info.spill_stores} B stores / {info.spill_loads} B loads")
+    if info.stack_bytes > spec.max_stack:
+        problems.append(f"{info.stack_bytes} B stack frame (local memory) > allowed {spec.max_stack} B")
+    if info.registers > spec.max_registers:
+        problems.append(f"{info.registers} registers > bound {spec.max_registers}")
+    if info.registers * spec.threads > REGISTERS_PER_BLOCK:
+        problems.append(f"{info.registers} x {spec.threads} threads > {REGISTERS_PER_BLOCK} registers per block")
+    smem = info.static_smem + spec.dynamic_smem
+    limit = SMEM_PER_BLOCK.get(arch, 48 * 1024)
+    if smem > limit:
+        problems.append(f"{smem} B shared memory > {limit} B per block on {arch}")
+    return problems
+
+
 def check_source(source: str, specs: Sequence[kcuda.KernelSpec], arch: str) -> list[KernelReport]:
     """Compile one file for one arch and judge each of its kernels against its limits."""
     try:
@@ -163,23 +187,7 @@ def check_source(source: str, specs: Sequence[kcuda.KernelSpec], arch: str) -> l
     reports = []
     for s in specs:
         info = infos.get(lowered.get(s.name, ""))
-        problems = [f"warning: {w}" for w in warns]
-        if info is None or info.registers < 0:
-            problems.append("no ptxas report for this kernel (not instantiated?)")
-        else:
-            if info.spill_stores or info.spill_loads:
-                problems.append(f"spills {info.spill_stores} B stores / {info.spill_loads} B loads")
-            if info.stack_bytes > s.max_stack:
-                problems.append(f"{info.stack_bytes} B stack frame (local memory) > allowed {s.max_stack} B")
-            if info.registers > s.max_registers:
-                problems.append(f"{info.registers} registers > bound {s.max_registers}")
-            if info.registers * s.threads > REGISTERS_PER_BLOCK:
-                problems.append(f"{info.registers} x {s.threads} threads > {REGISTERS_PER_BLOCK} registers per block")
-            smem = info.static_smem + s.dynamic_smem
-            limit = SMEM_PER_BLOCK.get(arch, 48 * 1024)
-            if smem > limit:
-                problems.append(f"{smem} B shared memory > {limit} B per block on {arch}")
-        reports.append(KernelReport(s, arch, info, problems))
+        reports.append(KernelReport(s, arch, info, judge(s, info, arch, warns)))
     return reports
 
 

@@ -84,6 +84,8 @@ def library() -> ctypes.CDLL:
             "-Wall",
             "-Wno-unknown-pragmas",
             "-Wno-unused-function",
+            "-fsanitize=alignment",  # a misaligned vector access (a fault on the GPU) aborts
+            "-fno-sanitize-recover=all",
             f"-I{inc}",
             f"-I{src}",
             "-include",

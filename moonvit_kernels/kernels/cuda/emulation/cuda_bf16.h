@@ -3,11 +3,12 @@
 #include <cstdint>
 #include <cstring>
 struct __nv_bfloat16 { unsigned short x; };
-struct __nv_bfloat162 { __nv_bfloat16 x, y; };
-struct float2 { float x, y; };
-struct float4 { float x, y, z, w; };
-struct uint2 { unsigned x, y; };
-struct uint4 { unsigned x, y, z, w; };
+// Vector types carry CUDA's alignment, so a misaligned vector access trips -fsanitize=alignment.
+struct alignas(4) __nv_bfloat162 { __nv_bfloat16 x, y; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }

@@ -1,23 +1,28 @@
 // prelude.h — runs the CUDA C kernels of moonvit_kernels on the CPU (force-included by g++).
 //
-// Execution model: blocks run one after another; each CUDA thread of a block is a std::thread;
-// __syncthreads is a barrier over the block; warp collectives (__shfl_*_sync, ldmatrix, mma.sync
-// in ptx.cuh) exchange values through a per-warp buffer between two warp barriers. Static
-// __shared__ arrays become function statics (one copy, reused by the next block, like real
-// shared memory holding stale data); dynamic shared memory is filled with 0xCD garbage.
-// cp.async copies are deferred until the wait that retires their group, so a kernel that reads
-// a tile before waiting for it sees garbage here too. Not modelled: memory races between
-// threads beyond what the barriers order, performance.
+// Execution model: blocks run one after another; the CUDA threads of a block are cooperative
+// fibers (ucontext) on one OS thread. A fiber runs until it reaches a barrier: __syncthreads
+// (the block) or a warp collective (__shfl_*_sync, and ldmatrix / mma.sync in ptx.cuh, which
+// exchange operands through a per-warp buffer between two warp barriers). The scheduler runs one
+// warp at a time as far as it can go — to its next __syncthreads — before the next warp starts,
+// warps in alternating order (0..last, then last..0) from one block barrier to the next, lanes
+// in alternating order within a warp. So warps drift as far apart as the barriers allow, and a
+// read that no barrier orders after another thread's write tends to see the wrong value.
+// Static __shared__ arrays become function statics (stale from the previous block, like real
+// shared memory); dynamic shared memory starts as 0xCD garbage. cp.async copies are deferred
+// until the wait that retires their group. Not modelled: speed, the device's exact maths.
 #pragma once
+#include <ucontext.h>
+
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
-#include <thread>
 #include <vector>
 
 #include "cuda_bf16.h"
@@ -34,44 +39,160 @@ using std::min;
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;  // threadIdx is switched with the running fiber
 
 namespace emu {
-constexpr int SLOT_BYTES = 64;  // per-lane exchange space for warp collectives
-
-struct Block {
-  std::unique_ptr<std::barrier<>> bar;
-  std::vector<std::unique_ptr<std::barrier<>>> warp_bar;
-  std::vector<std::vector<unsigned char>> exchange;  // per warp: 32 lanes x SLOT_BYTES
-  std::vector<unsigned char> dyn_smem;
-};
-inline Block* g_block = nullptr;
+constexpr int SLOT_BYTES = 64;          // per-lane exchange space for warp collectives
+constexpr size_t STACK_BYTES = 1 << 17;  // per emulated thread
 
 struct CpAsync {
   void* dst;
   const void* src;
   bool valid;
 };
-inline thread_local std::vector<std::vector<CpAsync>> t_groups;  // committed, not yet waited for
-inline thread_local std::vector<CpAsync> t_open;                  // issued, not yet committed
-inline thread_local int t_warp = 0, t_lane = 0;
+enum Wait { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
+
+struct Fiber {
+  ucontext_t ctx;
+  std::unique_ptr<char[]> stack;  // uninitialised: only the pages a thread touches are committed
+  dim3 tid;
+  int warp = 0, lane = 0;
+  Wait state = RUNNABLE;
+  std::vector<std::vector<CpAsync>> groups;  // committed cp.async groups, not yet waited for
+  std::vector<CpAsync> open;                 // issued, not yet committed
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  std::vector<std::vector<unsigned char>> exchange;  // per warp: 32 lanes x SLOT_BYTES
+  std::vector<std::vector<float>> scratch;           // per warp: operands a collective decoded once
+  std::vector<unsigned char> dyn_smem;
+};
+inline Block* g_block = nullptr;
+inline Fiber* g_cur = nullptr;
+inline ucontext_t g_scheduler;
+inline std::function<void()>* g_kernel = nullptr;
 
 inline unsigned char* dynamic_smem() { return g_block->dyn_smem.data(); }
-inline void warp_sync() { g_block->warp_bar[t_warp]->arrive_and_wait(); }
+inline int lane() { return g_cur->lane; }
+inline void wait_at(Wait w) {
+  g_cur->state = w;
+  swapcontext(&g_cur->ctx, &g_scheduler);
+}
+inline void warp_sync() { wait_at(AT_WARP_BARRIER); }
 template <typename T>
-inline T* slot(int lane) {
+inline T* slot(int lane_id) {
   static_assert(sizeof(T) <= SLOT_BYTES, "exchange slot too small");
-  return reinterpret_cast<T*>(g_block->exchange[t_warp].data() + SLOT_BYTES * lane);
+  return reinterpret_cast<T*>(g_block->exchange[g_cur->warp].data() + SLOT_BYTES * lane_id);
+}
+inline float* warp_scratch() { return g_block->scratch[g_cur->warp].data(); }
+inline std::vector<std::vector<CpAsync>>& cp_groups() { return g_cur->groups; }
+inline std::vector<CpAsync>& cp_open() { return g_cur->open; }
+
+inline void fiber_entry() {
+  (*g_kernel)();
+  for (auto& g : g_cur->groups)
+    if (!g.empty()) {
+      std::fprintf(stderr, "emulation: a thread exited with a cp.async group never waited for\n");
+      std::abort();
+    }
+  if (!g_cur->open.empty()) std::abort();
+  g_cur->state = DONE;  // returning switches to uc_link = the scheduler
+}
+
+inline void deadlock(const char* why) {
+  std::fprintf(stderr, "emulation: deadlock: %s\n", why);
+  std::abort();
+}
+
+// Run the 32 threads of warp `w` (lanes in alternating order, warp barriers released as they
+// fill) until each one waits at __syncthreads or has exited. Warps run one after another,
+// as far apart as the block barriers allow.
+inline void run_warp_to_block_barrier(Block& b, int w) {
+  for (int round = 0;; ++round) {
+    bool ran = false;
+    for (int i = 0; i < 32; ++i) {
+      Fiber& f = b.fibers[32 * w + (round % 2 ? 31 - i : i)];
+      if (f.state != RUNNABLE) continue;
+      g_cur = &f;
+      threadIdx = f.tid;
+      swapcontext(&g_scheduler, &f.ctx);
+      ran = true;
+    }
+    g_cur = nullptr;
+    int live = 0, at_warp = 0;
+    for (int l = 0; l < 32; ++l) {
+      const Wait s = b.fibers[32 * w + l].state;
+      live += s != DONE, at_warp += s == AT_WARP_BARRIER;
+    }
+    if (at_warp > 0 && at_warp == live) {
+      for (int l = 0; l < 32; ++l)
+        if (b.fibers[32 * w + l].state == AT_WARP_BARRIER) b.fibers[32 * w + l].state = RUNNABLE;
+      continue;
+    }
+    if (at_warp > 0 && !ran) deadlock("threads of one warp wait at different barriers");
+    if (!ran) return;
+  }
+}
+
+// Run `kernel` (a callable taking no arguments) over grid x block with `smem` bytes of dynamic shared memory.
+template <typename F>
+void launch(dim3 grid, dim3 block, size_t smem, F kernel) {
+  gridDim = grid;
+  blockDim = block;
+  const int n = block.x * block.y * block.z;
+  if (n % 32) throw std::runtime_error("block size must be a multiple of 32");
+  std::function<void()> k = kernel;
+  g_kernel = &k;
+  Block b;
+  b.fibers.resize(n);
+  b.exchange.assign(n / 32, std::vector<unsigned char>(32 * SLOT_BYTES));
+  b.scratch.assign(n / 32, std::vector<float>(16 * 16 + 16 * 8));
+  for (int t = 0; t < n; ++t) {
+    b.fibers[t].stack.reset(new char[STACK_BYTES]);
+    b.fibers[t].tid = dim3{unsigned(t % block.x), unsigned((t / block.x) % block.y), unsigned(t / (block.x * block.y))};
+    b.fibers[t].warp = t / 32;
+    b.fibers[t].lane = t % 32;
+  }
+  g_block = &b;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        blockIdx = dim3{bx, by, bz};
+        b.dyn_smem.assign(smem, 0xCD);
+        for (auto& f : b.fibers) {
+          f.state = RUNNABLE;
+          f.groups.clear();
+          f.open.clear();
+          getcontext(&f.ctx);
+          f.ctx.uc_stack.ss_sp = f.stack.get();
+          f.ctx.uc_stack.ss_size = STACK_BYTES;
+          f.ctx.uc_link = &g_scheduler;
+          makecontext(&f.ctx, fiber_entry, 0);
+        }
+        for (int phase = 0;; ++phase) {  // a phase ends when every live thread waits at __syncthreads
+          for (int wi = 0; wi < n / 32; ++wi) {
+            const int w = phase % 2 ? n / 32 - 1 - wi : wi;
+            run_warp_to_block_barrier(b, w);
+          }
+          int live = 0, at_block = 0;
+          for (auto& f : b.fibers) live += f.state != DONE, at_block += f.state == AT_BLOCK_BARRIER;
+          if (live == 0) break;
+          if (at_block != live) deadlock("a warp waits at a warp collective that some of its threads never reach");
+          for (auto& f : b.fibers)
+            if (f.state == AT_BLOCK_BARRIER) f.state = RUNNABLE;
+        }
+      }
+  g_block = nullptr;
+  g_kernel = nullptr;
 }
 }  // namespace emu
 
-inline thread_local dim3 threadIdx, blockIdx;
-inline dim3 blockDim, gridDim;
-
-inline void __syncthreads() { emu::g_block->bar->arrive_and_wait(); }
+inline void __syncthreads() { emu::wait_at(emu::AT_BLOCK_BARRIER); }
 
 template <typename T>
 inline T __shfl_sync(unsigned, T v, int src_lane) {
-  *emu::slot<T>(emu::t_lane) = v;
+  *emu::slot<T>(emu::lane()) = v;
   emu::warp_sync();
   const T r = *emu::slot<T>(src_lane & 31);
   emu::warp_sync();
@@ -79,9 +200,9 @@ inline T __shfl_sync(unsigned, T v, int src_lane) {
 }
 template <typename T>
 inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
-  *emu::slot<T>(emu::t_lane) = v;
+  *emu::slot<T>(emu::lane()) = v;
   emu::warp_sync();
-  const T r = *emu::slot<T>((emu::t_lane ^ lane_mask) & 31);
+  const T r = *emu::slot<T>((emu::lane() ^ lane_mask) & 31);
   emu::warp_sync();
   return r;
 }
@@ -91,42 +212,3 @@ inline float __int_as_float(int i) {
   std::memcpy(&f, &i, 4);
   return f;
 }
-
-namespace emu {
-// Run `kernel` (a callable taking no arguments) over grid x block; `smem` bytes of dynamic shared memory.
-template <typename F>
-void launch(dim3 grid, dim3 block, size_t smem, F kernel) {
-  gridDim = grid;
-  blockDim = block;
-  const int nthreads = block.x * block.y * block.z;
-  if (nthreads % 32) throw std::runtime_error("block size must be a multiple of 32");
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        Block b;
-        b.bar = std::make_unique<std::barrier<>>(nthreads);
-        for (int w = 0; w < nthreads / 32; ++w) {
-          b.warp_bar.push_back(std::make_unique<std::barrier<>>(32));
-          b.exchange.emplace_back(32 * SLOT_BYTES);
-        }
-        b.dyn_smem.assign(smem, 0xCD);
-        g_block = &b;
-        std::vector<std::thread> threads;
-        for (int t = 0; t < nthreads; ++t)
-          threads.emplace_back([&, t] {
-            threadIdx = dim3{unsigned(t % block.x), unsigned((t / block.x) % block.y), unsigned(t / (block.x * block.y))};
-            blockIdx = dim3{bx, by, bz};
-            t_warp = t / 32;
-            t_lane = t % 32;
-            t_groups.clear();
-            t_open.clear();
-            kernel();
-            for (auto& g : t_groups)
-              if (!g.empty()) std::abort();  // the kernel exited with a cp.async never waited for
-            if (!t_open.empty()) std::abort();
-          });
-        for (auto& th : threads) th.join();
-        g_block = nullptr;
-      }
-}
-}  // namespace emu

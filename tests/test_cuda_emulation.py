@@ -1,0 +1,99 @@
+"""The CUDA C kernels run on the CPU emulator (moonvit_kernels/kernels/cuda/emulation) vs the reference.
+
+No GPU needed: the `.cu` files are compiled unchanged by g++ against stand-ins for threads,
+barriers, warp shuffles, ldmatrix, mma.sync and cp.async (see the emulation module's docstring),
+so every index, bound, fragment layout, pipeline wait and softmax step is exercised at awkward
+sizes (not tile multiples, K % 8 != 0, head_dim 24, items crossing tile edges). Each CUDA thread
+is a fiber, so sizes stay at a few blocks. Marked `compile` (it builds the kernels for another
+target); skipped when no C++20 compiler is present.
+"""
+
+import numpy as np
+import pytest
+from cuda_kernel_checks import (
+    check_attention,
+    check_backend_forward,
+    check_gemm,
+    check_merge,
+    check_pos_emb,
+    check_rmsnorm,
+    check_rope,
+)
+
+from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.kernels.cuda import EPILOGUES, emulation
+
+pytestmark = [
+    pytest.mark.compile,
+    pytest.mark.skipif(emulation.compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation"),
+]
+
+
+@pytest.fixture(scope="module")
+def k():
+    emulation.library()  # build once (cached in the temp dir by source hash)
+    return emulation
+
+
+# (M, N, K): odd sizes; K = 45 and 588 (patch embedding) take the scalar-load path (K % 8 != 0);
+# 130 rows span two 128-row tiles, 150 columns two 128-column tiles.
+GEMM_SHAPES = [(37, 150, 72), (20, 131, 45), (1, 7, 16), (130, 9, 588)]
+
+
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", GEMM_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_bf16_tensor_cores(k, shape, out_dtype):
+    for i, epilogue in enumerate(EPILOGUES):
+        check_gemm(k, *shape, "bfloat16", out_dtype, epilogue, seed=i)
+
+
+@pytest.mark.parametrize("shape", GEMM_SHAPES[:3] + [(70, 65, 33)], ids=lambda s: "x".join(map(str, s)))
+def test_gemm_fp32_simt(k, shape):
+    for i, epilogue in enumerate(EPILOGUES):
+        check_gemm(k, *shape, "float32", "float32", epilogue, seed=i)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize(
+    "head_dim, heads, lens",
+    [(24, 2, [1, 70, 130]), (128, 1, [65, 3]), (8, 3, [64, 17]), (40, 2, [5])],
+    ids=["hd24-items-1-70-130", "hd128-items-65-3", "hd8-items-64-17", "hd40-one-item"],
+)
+def test_attention(k, dtype, head_dim, heads, lens):
+    check_attention(k, dtype, head_dim, heads, lens)
+
+
+@pytest.mark.parametrize("rows, D", [(5, 1024), (3, 50), (2, 7168), (1, 36)])
+def test_rmsnorm(k, rows, D):
+    for in_dtype in ("float32", "bfloat16"):
+        for out_dtype in ("float32", "bfloat16"):
+            check_rmsnorm(k, rows, D, in_dtype, out_dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("heads, head_dim", [(2, 24), (1, 128), (3, 4)])
+def test_rope(k, dtype, heads, head_dim):
+    check_rope(k, dtype, np.array([[1, 3, 5], [2, 4, 2], [1, 9, 7]]), heads, head_dim)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_pos_emb(k, mode):
+    config = VisionConfig.tiny().replace(pos_emb_interpolation_mode=mode)
+    # 6x6 is the grid's own size (identity), the others interpolate; t = 3 and 2 are videos
+    check_pos_emb(k, config, np.array([[1, 6, 6], [3, 4, 8], [1, 10, 4], [2, 2, 12]]))
+
+
+@pytest.mark.parametrize("merge_kernel_size", [(2, 2), (2, 1), (1, 3)])
+def test_merge(k, merge_kernel_size):
+    grid = np.array([[1, 4, 6], [3, 2, 6], [4, 6, 6]])
+    for in_dtype in ("float32", "bfloat16"):
+        for out_dtype in ("float32", "bfloat16"):
+            check_merge(k, grid, merge_kernel_size, 40, in_dtype, out_dtype)
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 2e-5), ("bfloat16", 2e-2)])
+def test_backend_forward_tiny(k, dtype, tol):
+    """The whole CupyBackend (kernels swapped for the emulation) vs reference.vision_forward:
+    an interpolated image, a video, and an image at the grid's own size, packed together."""
+    grid = np.array([[1, 4, 6], [2, 2, 4], [1, 6, 6]])
+    check_backend_forward(k, VisionConfig.tiny(), grid, dtype, tol)
