@@ -320,7 +320,7 @@ def patch_embed_gemm() -> list[nbformat.NotebookNode]:
         code("""
         if gpu_available() and not simulator_enabled():
             config = VisionConfig.k3()
-            weights = random_weights(config, seed=0)
+            weights = random_weights(config.replace(vt_num_hidden_layers=0), seed=0)  # no encoder blocks needed
             L = 64 * 64
             pixel_values = rng.standard_normal((L, 3, config.patch_size, config.patch_size)).astype(np.float32)
         else:
@@ -1224,7 +1224,7 @@ def attention_notebook() -> list[nbformat.NotebookNode]:
         ref_o = ref_o.reshape(L, Q)
 
         bounds = list(zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True))
-        abs_terms = max(float(np.einsum("qhd,khd->hqk", np.abs(q[a:b]), np.abs(k[a:b])).max()) for a, b in bounds)
+        abs_terms = max(float((np.abs(q[a:b, h]) @ np.abs(k[a:b, h]).T).max()) for a, b in bounds for h in range(heads))
         score_err = 4 * FP32_EPS * abs_terms / math.sqrt(hd)
         rtol = 8 * FP32_EPS * math.sqrt(lengths.max())
         qkv_d = cuda.to_device(qkv)
@@ -1367,7 +1367,7 @@ def merge_projector_notebook() -> list[nbformat.NotebookNode]:
         from numba import cuda
 
         from moonvit_kernels import reference
-        from moonvit_kernels.config import VisionConfig
+        from moonvit_kernels.config import FP32_EPS, VisionConfig
         from moonvit_kernels.kernels import merge as merge_module
         from moonvit_kernels.kernels.gemm import gemm
         from moonvit_kernels.kernels.launch import item_table
@@ -1510,7 +1510,7 @@ def merge_projector_notebook() -> list[nbformat.NotebookNode]:
         for name, got_d, ref in (("proj.0 + GELU(erf)", h_d, h64), ("proj.2", y_d, y64), ("post_norm", out, want)):
             got = got_d if isinstance(got_d, np.ndarray) else got_d.copy_to_host()
             rel = np.abs(got - ref).max() / np.abs(ref).max()
-            assert np.all(np.isfinite(got)) and rel < 1e-5, (name, rel)
+            assert np.all(np.isfinite(got)) and rel < 8 * FP32_EPS * np.sqrt(w0.shape[1]), (name, rel)
             rows.append([name, str(got.shape), rel])
         display(Markdown(markdown_table(["step", "shape", "max rel. error vs float64"], rows)))
         """),
@@ -1704,7 +1704,8 @@ def full_encoder_notebook() -> list[nbformat.NotebookNode]:
             "numba": MoonViT(config, weights, backend="numba"),
         }
         if on_gpu and cupy_importable():
-            models["cupy"] = MoonViT(config, weights, backend="cupy")
+            models["cupy float32"] = MoonViT(config, weights, backend="cupy", dtype="float32")
+            models["cupy bfloat16"] = MoonViT(config, weights, backend="cupy", dtype="bfloat16")
 
         runs, first_seconds = {}, {}
         for name, model in models.items():
@@ -1724,15 +1725,16 @@ def full_encoder_notebook() -> list[nbformat.NotebookNode]:
         """),
         code("""
         reference64 = runs["numpy float64"][1]
+        compute_dtype = {name: "bfloat16" if "bfloat16" in name else "float32" for name in models}
         reports = {
-            name: compare_stages(runs[name][1], reference64, names=(name, "numpy float64"))
+            name: compare_stages(runs[name][1], reference64, dtype=compute_dtype[name], names=(name, "numpy float64"))
             for name in models
             if name != "numpy float64"
         }
         print(reports["numba"].table())
         rows = [[s.stage, str(s.shape)] + [reports[n].rows[i].max_rel for n in reports] + [s.tolerance, s.ok]
                 for i, s in enumerate(reports["numba"].rows)]
-        display(Markdown(markdown_table(["stage", "shape", *(f"{n}: rel. error" for n in reports), "tolerance", "numba ok"], rows)))
+        display(Markdown(markdown_table(["stage", "shape", *(f"{n}: rel. error" for n in reports), "fp32 tolerance", "numba ok"], rows)))
         assert reports["numba"].ok, reports["numba"].first_divergence
         """),
         code("""
@@ -1766,7 +1768,12 @@ def full_encoder_notebook() -> list[nbformat.NotebookNode]:
         for name, model in models.items():
             place = "CPU" if name.startswith("numpy") else where()
             if on_gpu and not name.startswith("numpy"):
-                sync = cuda.synchronize if name == "numba" else __import__("cupy").cuda.Device().synchronize
+                if name == "numba":
+                    sync = cuda.synchronize
+                else:
+                    import cupy
+
+                    sync = cupy.cuda.Device().synchronize
                 t = median_seconds(lambda model=model: model.forward(pixel_values, grid_thws), 5, 1, sync)["median"]
             else:
                 t = first_seconds[name]  # includes returning the intermediates
