@@ -1,0 +1,151 @@
+"""Compile tier: every CUDA C kernel builds with NVRTC for sm_80 and sm_90 — no GPU needed.
+
+Builds the same source text, options and template instantiations the CuPy launchers use
+(`moonvit_kernels.kernels.cuda.kernel_specs`), with front-end warnings as errors, and checks
+ptxas's report: no spills, stack frames only where allowed, registers within each kernel's
+stated bound, shared memory within the architecture's per-block limit. Attention is built at
+the head dims the configs use (K3: 128, tiny: 24) and one more.
+"""
+
+import pytest
+
+nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
+
+from moonvit_kernels import nvrtc_check
+from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.kernels import cuda as kcuda
+
+pytestmark = pytest.mark.compile
+
+HEAD_DIMS = tuple(sorted({VisionConfig.k3().head_dim, VisionConfig.tiny().head_dim, 64}))
+
+
+@pytest.fixture(scope="module")
+def reports() -> list[nvrtc_check.KernelReport]:
+    return nvrtc_check.run_checks(nvrtc_check.ARCHS, HEAD_DIMS, workers=2)
+
+
+@pytest.mark.parametrize("arch", nvrtc_check.ARCHS)
+@pytest.mark.parametrize("source", kcuda.SOURCES)
+def test_kernels_build_within_limits(reports, source, arch):
+    mine = [r for r in reports if r.spec.source == source and r.arch == arch]
+    expected = [s for s in kcuda.kernel_specs(HEAD_DIMS) if s.source == source]
+    assert [r.spec.name for r in mine] == [s.name for s in expected]
+    bad = [f"{r.spec.name}: {'; '.join(r.problems)}" for r in mine if not r.ok]
+    assert not bad, "\n".join(bad)
+    for r in mine:  # the report is real: ptxas said something about every kernel
+        assert r.info is not None and r.info.registers > 0
+
+
+def test_table_has_a_row_per_build(reports):
+    table = nvrtc_check.format_table(reports)
+    lines = table.splitlines()
+    assert [c.strip() for c in lines[0].split(" | ")[:3]] == ["kernel", "arch", "registers"]
+    assert "registers" in lines[0] and "spills" in lines[0] and "shared memory" in lines[0]
+    assert len(lines) == 2 + len(reports)
+    for r in reports:
+        assert any(line.startswith(r.spec.name + " ") and f"| {r.arch} |" in line for line in lines)
+
+
+def test_catalogue_holds_every_instantiation_the_backend_launches():
+    names = {s.name for s in kcuda.kernel_specs(HEAD_DIMS)}
+    for cfg in (VisionConfig.k3(), VisionConfig.tiny()):
+        for act in ("bfloat16", "float32"):
+            needed = {
+                kcuda.attention_name(cfg.head_dim, act),
+                kcuda.rmsnorm_name("float32", act),
+                kcuda.rmsnorm_name("float32", "float32"),
+                kcuda.rope_name(act),
+                kcuda.merge_name("float32", act),
+                kcuda.pos_emb_name(cfg.pos_emb_interpolation_mode),
+            }
+            if act == "bfloat16":
+                needed |= {kcuda.gemm_bf16_name(o, e) for o, e in [("float32", "none"), ("float32", "residual")]}
+                needed |= {kcuda.gemm_bf16_name("bfloat16", e) for e in ("none", "gelu_tanh", "gelu_erf")}
+            else:
+                needed |= {kcuda.gemm_fp32_name(e) for e in kcuda.EPILOGUES}
+            assert needed <= names, sorted(needed - names)
+
+
+def test_warnings_fail_the_build():
+    src = 'extern "C" __global__ void k(float* out) { int unused = 3; out[0] = 1.0f; }'
+    with pytest.raises(nvrtc_check.CompileError, match="never referenced"):
+        nvrtc_check.compile_text(src, "warn.cu", [], "sm_90")
+
+
+def test_judge_flags_stack_frames_and_register_bounds():
+    """A dynamically indexed local array lives in local memory: the check must notice."""
+    src = """extern "C" __global__ void stacky(float* out, int i) {
+      float a[64];
+      for (int k = 0; k < 64; ++k) a[k] = out[k];
+      for (int k = 0; k < 64; ++k) a[(k * i) & 63] += 1.0f;  // stores at run-time indices
+      for (int k = 0; k < 64; ++k) out[k] = a[(k + i) & 63];
+    }"""
+    _, log, lowered = nvrtc_check.compile_text(src, "stacky.cu", ["stacky"], "sm_90")
+    info = nvrtc_check.parse_ptxas_log(log)[lowered["stacky"]]
+    assert info.stack_bytes >= 256 and info.registers > 0
+    spec = kcuda.KernelSpec("stacky.cu", "stacky", threads=1024, max_registers=1)
+    problems = nvrtc_check.judge(spec, info, "sm_90")
+    assert any("stack frame" in p for p in problems)
+    assert any("> bound 1" in p for p in problems)
+    roomy = kcuda.KernelSpec("stacky.cu", "stacky", threads=32, max_registers=255, max_stack=info.stack_bytes)
+    assert nvrtc_check.judge(roomy, info, "sm_90") == []
+    huge_smem = kcuda.KernelSpec("stacky.cu", "stacky", 32, 255, dynamic_smem=300 * 1024, max_stack=info.stack_bytes)
+    assert any("shared memory" in p for p in nvrtc_check.judge(huge_smem, info, "sm_90"))
+
+
+def test_parse_ptxas_log():
+    log = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z4testPf' for 'sm_90'
+ptxas info    : Function properties for _Z4testPf
+ptxas         .     8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 77 registers, used 1 barriers, 2048 bytes smem, 368 bytes cmem[0]
+ptxas info    : Compiling entry function 'plain' for 'sm_90'
+ptxas info    : Function properties for plain
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 9 registers, used 0 barriers, 360 bytes cmem[0]"""
+    infos = nvrtc_check.parse_ptxas_log(log)
+    a, b = infos["_Z4testPf"], infos["plain"]
+    assert (a.registers, a.stack_bytes, a.spill_stores, a.spill_loads, a.static_smem) == (77, 8, 4, 12, 2048)
+    assert (b.registers, b.stack_bytes, b.spill_stores, b.spill_loads, b.static_smem) == (9, 0, 0, 0, 0)
+    spec = kcuda.KernelSpec("t.cu", "test", threads=256, max_registers=128, max_stack=8)
+    assert any("spills" in p for p in nvrtc_check.judge(spec, a, "sm_90"))
+
+
+def test_load_source_inlines_local_headers_once():
+    text = kcuda.load_source("attention.cu")
+    assert '#include "' not in text
+    assert '#line 1 "common.cuh"' in text and '#line 1 "ptx.cuh"' in text
+    assert text.count("__device__ __forceinline__ float warp_sum(float v)") == 1
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in text
+    with pytest.raises(ValueError, match="unknown kernel source"):
+        kcuda.load_source("nope.cu")
+
+
+@pytest.mark.parametrize("head_dim", [8, 24, 128, 256])
+def test_supported_head_dims(head_dim):
+    kcuda.check_head_dim(head_dim)
+
+
+@pytest.mark.parametrize("head_dim", [0, 4, 12, 130, 264, "128"])
+def test_unsupported_head_dims_are_rejected(head_dim):
+    with pytest.raises(ValueError, match="head_dim"):
+        kcuda.check_head_dim(head_dim)
+
+
+def test_shared_memory_formula_matches_the_kernel_configs():
+    """attention_smem_bytes mirrors AttnBf16Cfg/AttnFp32Cfg::SMEM_BYTES: compile both and compare."""
+    # a static_assert per head dim: compiles only when the Python formula agrees
+    src = kcuda.load_source("attention.cu") + "\n".join(
+        f'static_assert(AttnBf16Cfg<{hd}>::SMEM_BYTES == {kcuda.attention_smem_bytes(hd, "bfloat16")}, "bf16 {hd}");\n'
+        f'static_assert(AttnFp32Cfg<{hd}>::SMEM_BYTES == {kcuda.attention_smem_bytes(hd, "float32")}, "fp32 {hd}");'
+        for hd in HEAD_DIMS
+    )
+    nvrtc_check.compile_text(src, "smem_check.cu", [], "sm_90")
+
+
+def test_cli_prints_the_table_and_exit_status(monkeypatch, capsys, reports):
+    monkeypatch.setattr(nvrtc_check, "run_checks", lambda archs, head_dims, workers: reports)
+    assert nvrtc_check.main([]) == 0
+    out = capsys.readouterr().out
+    assert "registers" in out and "kernel builds within limits" in out
