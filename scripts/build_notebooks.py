@@ -484,7 +484,7 @@ def patch_embed_gemm() -> list[nbformat.NotebookNode]:
         print(f"and the two GELUs differ by up to {tanh_vs_erf:.1e} on these values: swapping them is a real bug")
         """),
         md("""
-        ## Where does the error land?
+        ## Pictures: where does the error land?
 
         The error of v3 against the float64 reference, per output. It is rounding noise spread over the whole
         matrix — an indexing bug (a wrong tile edge, a swapped operand) would show up as stripes or blocks.
@@ -727,7 +727,7 @@ def rmsnorm_notebook() -> list[nbformat.NotebookNode]:
         error_heatmap(out, want, title=f"rmsnorm kernel vs float64, {x.shape[0]} × {x.shape[1]}")
         """),
         md("""
-        ## Why eps matters
+        ## Pictures: why eps matters
 
         For a row of RMS `r` and weight 1 the output has RMS `r / √(r² + eps)`: 1 when `r ≫ √eps`, shrinking
         towards 0 when `r` approaches `√eps`. With the fp32 eps that threshold is `3.5e-4`; with `2⁻⁷` it is
@@ -913,26 +913,6 @@ def rope_notebook() -> list[nbformat.NotebookNode]:
         display(Markdown(markdown_table(["slot j", "axis", "i", "angle", "expected (col or row)·f_i"], rows)))
         """),
         md("""
-        ## RoPE frequency maps
-
-        For each complex slot, `cos(angle)` over the patch grid (`viz.rope_frequency_maps`): width slots vary
-        along columns only, height slots along rows only; low `i` turn fast (fine position), high `i` barely
-        turn (coarse position). Here `hd = 32` on a 12×16 grid (16 slots):
-        """),
-        code("""
-        rope_frequency_maps(12, 16, 32)
-        """),
-        md("""
-        ## Why rotate: q·k depends only on the offset
-
-        Rotating q at position `a` and k at position `b` by angles linear in position makes
-        `rope(q, a) · rope(k, b)` a function of `b − a` only: attention sees *relative* positions, in both
-        axes. Four start positions, one curve each — they coincide (`viz.rope_offset_invariance`):
-        """),
-        code("""
-        rope_offset_invariance(32)
-        """),
-        md("""
         ## The NumPy reference
 
         `reference.apply_rope(x [L, heads, hd], angles [L, hd/2])` with the angles of
@@ -993,6 +973,26 @@ def rope_notebook() -> list[nbformat.NotebookNode]:
         out = rope2d(same, grid32, cu32, heads, hd).copy_to_host()
         assert np.array_equal(out[start : start + vh * vw], out[start + vh * vw : start + 2 * vh * vw])
         print("frame 0 and frame 1 rotated identically")
+        """),
+        md("""
+        ## Pictures: RoPE frequency maps
+
+        For each complex slot, `cos(angle)` over the patch grid (`viz.rope_frequency_maps`): width slots vary
+        along columns only, height slots along rows only; low `i` turn fast (fine position), high `i` barely
+        turn (coarse position). Here `hd = 32` on a 12×16 grid (16 slots):
+        """),
+        code("""
+        rope_frequency_maps(12, 16, 32)
+        """),
+        md("""
+        ## Pictures: why rotate — q·k depends only on the offset
+
+        Rotating q at position `a` and k at position `b` by angles linear in position makes
+        `rope(q, a) · rope(k, b)` a function of `b − a` only: attention sees *relative* positions, in both
+        axes. Four start positions, one curve each — they coincide (`viz.rope_offset_invariance`):
+        """),
+        code("""
+        rope_offset_invariance(32)
         """),
         md("""
         ## The two pitfalls, measured
@@ -1242,6 +1242,12 @@ def attention_notebook() -> list[nbformat.NotebookNode]:
             rows.append([name, str(launch), np.abs(o - ref_o).max(), np.abs(lse - ref_lse).max()])
         display(Markdown(markdown_table(["kernel", "launch", "o: max abs error", "lse: max abs error"], rows)))
         """),
+        md("""
+        ## Pictures: where the error lands
+
+        The error of v2 for every (token, head·dim): rounding noise everywhere. A tile-edge or item-boundary
+        bug would show up as a band of rows (one query tile, one item) or of columns (one head).
+        """),
         code("""
         error_heatmap(outputs["v2"], ref_o, title="attention v2 vs float64, o [L, Q]")
         """),
@@ -1456,7 +1462,7 @@ def merge_projector_notebook() -> list[nbformat.NotebookNode]:
         merged = got
         """),
         md("""
-        ## Seeing the merge: the temporal mean and the slot order
+        ## Pictures: the temporal mean and the slot order
 
         Feed the kernel "tokens" we can look at: each patch's mean colour (`D = 3`). Laying the merged tokens
         back on the grid (`viz_stages.merged_to_grid`) must give the image back, and for the video the mean of
