@@ -1,0 +1,261 @@
+"""The CUDA C kernels through CuPy, and CupyBackend, on a real GPU (marker `gpu`).
+
+Each kernel is compared with the NumPy reference at awkward sizes (not tile multiples, K % 8 != 0,
+head_dim 24, packed items crossing tile edges) and at the real K3 sizes; then the whole
+CupyBackend forward against reference.vision_forward on VisionConfig.tiny() and on a 2-layer
+random checkpoint with the real dimensions. conftest skips `gpu` tests when cuInit finds no GPU;
+each one also needs CuPy. The same checks run on the CPU emulator in test_cuda_emulation.py.
+
+The host-side index tables and the backend's argument checks need no GPU and run everywhere.
+"""
+
+import numpy as np
+import pytest
+from cuda_kernel_checks import (
+    check_attention,
+    check_backend_forward,
+    check_gemm,
+    check_merge,
+    check_pos_emb,
+    check_rmsnorm,
+    check_rope,
+)
+
+from moonvit_kernels import reference as ref
+from moonvit_kernels.backend_cupy import CupyBackend
+from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.cupy_kernels import cu_seqlens_int32, merge_sources, token_positions
+from moonvit_kernels.kernels.cuda import EPILOGUES
+from moonvit_kernels.weights import random_weights
+
+gpu = pytest.mark.gpu
+K3 = VisionConfig.k3()
+
+
+@pytest.fixture(scope="module")
+def k():
+    pytest.importorskip("cupy", reason="CuPy not installed (pip install -e '.[cuda13]')")
+    from moonvit_kernels import cupy_kernels
+
+    return cupy_kernels
+
+
+# ============================================================================ host tables (CPU)
+GRIDS = np.array([[1, 4, 6], [3, 2, 6], [1, 6, 2], [4, 4, 4]])
+
+
+def test_token_positions_match_the_reference_rope_grid():
+    pos = token_positions(GRIDS)
+    L = int(np.sum(np.prod(GRIDS, axis=1)))
+    assert pos.shape == (L, 4) and pos.dtype == np.int32 and pos.flags.c_contiguous
+    # reference: complex slot 0 turns by col·f_0 = col (f_0 = 1), slot 1 by row·f_0
+    angles = ref.rope_angles_packed(GRIDS, 4, np.float64)
+    np.testing.assert_array_equal(pos[:, 3], angles[:, 0])
+    np.testing.assert_array_equal(pos[:, 2], angles[:, 1])
+    bounds = ref.cu_seqlens(GRIDS)
+    for item, (t, h, w) in enumerate(GRIDS.tolist()):
+        part = pos[bounds[item] : bounds[item + 1]]
+        assert np.all(part[:, 0] == item)
+        np.testing.assert_array_equal(part[:, 1], np.repeat(np.arange(t), h * w))
+
+
+def test_merge_sources_gather_what_the_reference_merger_gathers():
+    rng = np.random.default_rng(0)
+    L = int(np.sum(np.prod(GRIDS, axis=1)))
+    x = rng.standard_normal((L, 3))
+    for kh, kw in [(2, 2), (2, 1), (1, 2)]:
+        table = merge_sources(GRIDS, (kh, kw))
+        want = np.concatenate([m.reshape(m.shape[0], -1) for m in ref.tpool_patch_merger(x, GRIDS, (kh, kw))])
+        assert table.shape == (want.shape[0], 4) and table.dtype == np.int32
+        # what merge.cu reads: slot (a, b), frame f -> token base + f·frame_stride + a·w + b
+        got = np.zeros_like(want)
+        for m, (base, t, stride, w) in enumerate(table.tolist()):
+            for a in range(kh):
+                for b in range(kw):
+                    rows = [base + f * stride + a * w + b for f in range(t)]
+                    got[m, (a * kw + b) * 3 : (a * kw + b + 1) * 3] = x[rows].mean(axis=0)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+
+
+def test_cu_seqlens_int32():
+    got = cu_seqlens_int32(GRIDS)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, ref.cu_seqlens(GRIDS))
+
+
+def test_backend_rejects_bad_arguments_before_touching_a_gpu():
+    cfg = VisionConfig.tiny()
+    w = random_weights(cfg, 0)
+    with pytest.raises(ValueError, match="dtype"):
+        CupyBackend(cfg, w, dtype="float16")
+    bad = dict(w)
+    bad["vision_tower.encoder.blocks.0.wo.weight"] = np.zeros((3, 3), np.float32)
+    with pytest.raises(ValueError, match="wo.weight"):
+        CupyBackend(cfg, bad, dtype="bfloat16")
+    with pytest.raises(ValueError, match="head_dim"):
+        c = cfg.replace(qkv_hidden_size=24, vt_num_attention_heads=2)  # head_dim 12: not a multiple of 8
+        CupyBackend(c, random_weights(c, 0))
+
+
+# ============================================================================ kernels on the GPU
+AWKWARD_GEMMS = [(37, 150, 72), (20, 131, 45), (1, 7, 16), (130, 9, 588), (257, 300, 1000)]
+
+
+@gpu
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", AWKWARD_GEMMS, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_bf16_awkward(k, shape, out_dtype):
+    for i, epilogue in enumerate(EPILOGUES):
+        check_gemm(k, *shape, "bfloat16", out_dtype, epilogue, seed=i)
+
+
+# The K3 GEMMs at L = 1024 tokens (M = 256 merged tokens for the projector), each with its epilogue.
+D, Q, I, P, T = K3.vt_hidden_size, K3.qkv_hidden_size, K3.vt_intermediate_size, K3.patch_dim, K3.text_hidden_size
+REAL_GEMMS = [
+    ("patch", 1024, D, P, "float32", "none"),
+    ("qkv", 1024, 3 * Q, D, "bfloat16", "none"),
+    ("wo", 1024, D, Q, "float32", "residual"),
+    ("fc0", 1024, I, D, "bfloat16", "gelu_tanh"),
+    ("fc1", 1024, D, I, "float32", "residual"),
+    ("proj0", 256, 4 * D, 4 * D, "bfloat16", "gelu_erf"),
+    ("proj2", 256, T, 4 * D, "float32", "none"),
+]
+
+
+@gpu
+@pytest.mark.parametrize("name, M, N, K_, out_dtype, epilogue", REAL_GEMMS, ids=[g[0] for g in REAL_GEMMS])
+def test_gemm_bf16_real_sizes(k, name, M, N, K_, out_dtype, epilogue):
+    check_gemm(k, M, N, K_, "bfloat16", out_dtype, epilogue)
+
+
+@gpu
+@pytest.mark.parametrize("shape", AWKWARD_GEMMS + [(512, 1024, 1024)], ids=lambda s: "x".join(map(str, s)))
+def test_gemm_fp32(k, shape):
+    for i, epilogue in enumerate(EPILOGUES):
+        check_gemm(k, *shape, "float32", "float32", epilogue, seed=i)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize(
+    "head_dim, heads, lens",
+    [
+        (24, 2, [1, 70, 130]),
+        (8, 3, [64, 17]),
+        (40, 2, [5]),
+        (128, 12, [1024]),
+        (128, 12, [1000, 333, 64, 1]),
+        (128, 12, [4096]),
+    ],
+    ids=["hd24-1-70-130", "hd8-64-17", "hd40-5", "hd128-L1024", "hd128-packed", "hd128-L4096"],
+)
+def test_attention(k, dtype, head_dim, heads, lens):
+    check_attention(k, dtype, head_dim, heads, lens)
+
+
+@gpu
+@pytest.mark.parametrize("rows, D_", [(5, 1024), (3, 50), (1, 36), (4096, 1024), (300, 7168)])
+def test_rmsnorm(k, rows, D_):
+    for in_dtype in ("float32", "bfloat16"):
+        for out_dtype in ("float32", "bfloat16"):
+            check_rmsnorm(k, rows, D_, in_dtype, out_dtype)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "grid, heads, head_dim",
+    [
+        (np.array([[1, 3, 5], [2, 4, 2], [1, 9, 7]]), 2, 24),
+        (np.array([[1, 64, 64], [2, 32, 48]]), 12, 128),
+        (np.array([[1, 512, 6]]), 1, 128),  # the largest RoPE angle: column and row up to 511
+    ],
+    ids=["tiny", "k3", "edge-512"],
+)
+def test_rope(k, dtype, grid, heads, head_dim):
+    check_rope(k, dtype, grid, heads, head_dim)
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("config", [VisionConfig.tiny(), K3], ids=["tiny", "k3"])
+def test_pos_emb(k, config, mode):
+    H0, W0 = config.init_pos_emb_height, config.init_pos_emb_width
+    grid = np.array([[1, H0, W0], [3, 4, 8], [1, 10, 4], [2, 2 * H0 // 3 * 2, W0 + 4]])
+    check_pos_emb(k, config.replace(pos_emb_interpolation_mode=mode), grid)
+
+
+@gpu
+@pytest.mark.parametrize("merge_kernel_size", [(2, 2), (2, 1), (1, 3)])
+@pytest.mark.parametrize("D_", [40, 1024])
+def test_merge(k, merge_kernel_size, D_):
+    grid = np.array([[1, 4, 6], [3, 2, 6], [4, 6, 6], [1, 64, 48]])
+    for in_dtype in ("float32", "bfloat16"):
+        for out_dtype in ("float32", "bfloat16"):
+            check_merge(k, grid, merge_kernel_size, D_, in_dtype, out_dtype)
+
+
+# ============================================================================ launcher checks
+@gpu
+def test_launchers_reject_bad_inputs(k):
+    import cupy as cp
+
+    a = cp.zeros((8, 16), cp.uint16)
+    with pytest.raises(ValueError, match="disagree on K"):
+        k.gemm(a, cp.zeros((4, 8), cp.uint16))
+    with pytest.raises(ValueError, match="dtype float64"):
+        k.gemm(a, cp.zeros((4, 16), cp.float64))
+    with pytest.raises(ValueError, match="both must be float32 or both bfloat16"):
+        k.gemm(a, cp.zeros((4, 16), cp.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        k.gemm(cp.zeros((16, 8), cp.uint16).T, cp.zeros((4, 16), cp.uint16))
+    with pytest.raises(ValueError, match="needs residual"):
+        k.gemm(a, cp.zeros((4, 16), cp.uint16), epilogue="residual")
+    with pytest.raises(ValueError, match="CuPy array"):
+        k.gemm(np.zeros((8, 16), np.uint16), cp.zeros((4, 16), cp.uint16))
+    qkv = cp.zeros((10, 3 * 2 * 24), cp.uint16)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        k.attention(qkv, np.array([0, 4, 3, 10]), 2, 24)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        k.attention(qkv, np.array([0, 9]), 2, 24)
+    with pytest.raises(ValueError, match="columns"):
+        k.attention(qkv, np.array([0, 10]), 3, 24)
+    with pytest.raises(ValueError, match="head_dim"):
+        k.attention(cp.zeros((10, 3 * 2 * 12), cp.uint16), np.array([0, 10]), 2, 12)
+    with pytest.raises(ValueError, match="token_pos"):
+        k.rope_inplace(qkv, cp.zeros((9, 4), cp.int32), cp.zeros(6, cp.float32), 2, 24)
+    with pytest.raises(ValueError, match="weight"):
+        k.rmsnorm(cp.zeros((3, 8), cp.float32), cp.zeros(7, cp.float32), 1e-6)
+
+
+# ============================================================================ the whole backend
+@gpu
+@pytest.mark.parametrize("dtype, tol", [("float32", 2e-5), ("bfloat16", 2e-2)])
+def test_backend_forward_tiny(k, dtype, tol):
+    grid = np.array([[1, 4, 6], [2, 2, 4], [1, 6, 6], [3, 8, 2]])
+    check_backend_forward(k, VisionConfig.tiny(), grid, dtype, tol)
+
+
+@gpu
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 3e-2)])
+def test_backend_forward_real_dimensions(k, dtype, tol):
+    """Two encoder layers at the real K3 widths (D 1024, hd 128, I 4096, T 7168), 1792 packed tokens."""
+    grid = np.array([[1, 32, 32], [2, 16, 24]])
+    check_backend_forward(k, K3.replace(vt_num_hidden_layers=2), grid, dtype, tol)
+
+
+@gpu
+def test_backend_accepts_cupy_inputs_and_returns_cupy(k):
+    import cupy as cp
+    from helpers import random_pixels
+
+    cfg = VisionConfig.tiny()
+    grid = np.array([[1, 4, 4]])
+    backend = CupyBackend(cfg, random_weights(cfg, 0), dtype="bfloat16")
+    pixels = random_pixels(grid, cfg.patch_size)
+    outs = backend.forward(cp.asarray(pixels), grid)
+    assert isinstance(outs[0], cp.ndarray) and outs[0].shape == (4, cfg.text_hidden_size)
+    again = backend.forward(pixels, grid, as_numpy=True)
+    np.testing.assert_array_equal(outs[0].get(), again[0])  # deterministic
+    with pytest.raises(ValueError, match="pixel_values"):
+        backend.forward(pixels[:-1], grid)
