@@ -135,6 +135,7 @@ class CupyBackend:
         token_pos = xp.asarray(k.token_positions(grid))
         grid_dev = xp.asarray(grid.astype(np.int32))
         bounds = k.cu_seqlens_int32(grid)
+        bounds_dev = xp.asarray(bounds)
         merge_src = xp.asarray(k.merge_sources(grid, cfg.merge_kernel_size))
 
         x = k.gemm(self._upload_operand(pv.reshape(L, -1)), self.patch_w, out_dtype="float32")
@@ -147,7 +148,7 @@ class CupyBackend:
             h = k.rmsnorm(x, w["norm0"], eps, out_dtype=act)
             qkv = k.gemm(h, w["wqkv"], out_dtype=act)
             k.rope_inplace(qkv, token_pos, self.freqs, H, hd)
-            o, _ = k.attention(qkv, bounds, H, hd)
+            o, _ = k.attention(qkv, bounds, H, hd, cu_seqlens_device=bounds_dev)
             k.gemm(o, w["wo"], epilogue="residual", residual=x, out=x)
             h = k.rmsnorm(x, w["norm1"], eps, out_dtype=act)
             m = k.gemm(h, w["fc0"], epilogue="gelu_tanh", out_dtype=act)

@@ -170,8 +170,9 @@ def _module(source: str, names: tuple[str, ...]) -> Any:
     return cp.RawModule(code=kcuda.load_source(source), options=kcuda.compile_options(), name_expressions=names)
 
 
+@functools.cache
 def _kernel(source: str, name: str, head_dim: int = 128) -> tuple[Any, kcuda.KernelSpec]:
-    """The compiled kernel `name` from `source` and its catalogue entry."""
+    """The compiled kernel `name` from `source` and its catalogue entry (looked up once)."""
     specs = [s for s in kcuda.kernel_specs((head_dim,)) if s.source == source]
     spec = next((s for s in specs if s.name == name), None)
     if spec is None:
@@ -263,7 +264,7 @@ def rmsnorm(
         raise ValueError(f"rmsnorm: weight has shape {weight.shape}, expected ({D},)")
     if rows < 1 or D < 1:
         raise ValueError(f"rmsnorm: empty input {x.shape}")
-    if not (isinstance(eps, (int, float)) and eps > 0):
+    if not (isinstance(eps, (int, float, np.floating)) and eps > 0):
         raise ValueError(f"rmsnorm: eps must be a positive number, got {eps!r}")
     if out is not None:
         out_dtype = _device_array(out, "rmsnorm: out", 2, DTYPE_NAMES)
@@ -271,7 +272,7 @@ def rmsnorm(
             raise ValueError(f"rmsnorm: out has shape {out.shape}, expected {x.shape}")
     else:
         out = cp.empty((rows, D), dtype=_storage_dtype(out_dtype))
-    if D % 4 == 0 and not _aligned(x, weight, out, to=16 if in_dt == FLOAT32 else 8):
+    if D % 4 == 0 and not _aligned(x, weight, out):  # the kernel's 4-wide loads
         raise ValueError("rmsnorm: x, weight and out must be 16-byte aligned (use a fresh array, not an offset view)")
     rstd = cp.empty((rows,), dtype=cp.float32)
     kernel, spec = _kernel("rmsnorm.cu", kcuda.rmsnorm_name(in_dt, out_dtype))
@@ -311,10 +312,13 @@ def rope_inplace(qkv: Any, token_pos: Any, freqs: Any, num_heads: int, head_dim:
 
 
 # ============================================================================ attention
-def attention(qkv: Any, cu_seqlens: Any, num_heads: int, head_dim: int) -> tuple[Any, Any]:
+def attention(
+    qkv: Any, cu_seqlens: Any, num_heads: int, head_dim: int, cu_seqlens_device: Any = None
+) -> tuple[Any, Any]:
     """Packed non-causal attention over `qkv [L, 3·Q]` (after RoPE), items given by `cu_seqlens`.
 
-    cu_seqlens: NumPy int array `[N + 1]` from 0 to L (it is checked on the host, then uploaded).
+    cu_seqlens: NumPy int array `[N + 1]` from 0 to L (it is checked on the host, then uploaded;
+    pass the same values as an int32 CuPy array in `cu_seqlens_device` to skip the upload).
     bfloat16 qkv: tensor-core flash kernel; float32: the SIMT one. Scale 1/sqrt(head_dim),
     softmax in fp32. Returns `(out [L, Q] in qkv's dtype, lse [L, heads] float32)`, lse the
     natural-log log-sum-exp of the scaled scores."""
@@ -346,9 +350,15 @@ def attention(qkv: Any, cu_seqlens: Any, num_heads: int, head_dim: int) -> tuple
         _grid(n_items, "attention items"),
     )
     scale_log2 = np.float32(LOG2E / math.sqrt(head_dim))
-    cu_dev = cp.asarray(cu, dtype=cp.int32)
+    if cu_seqlens_device is None:
+        cu_seqlens_device = cp.asarray(cu, dtype=cp.int32)
+    else:
+        _int_array(cu_seqlens_device, "attention: cu_seqlens_device", (cu.size,))
     kernel(
-        grid, (spec.threads,), (qkv, out, lse, cu_dev, np.int32(num_heads), scale_log2), shared_mem=spec.dynamic_smem
+        grid,
+        (spec.threads,),
+        (qkv, out, lse, cu_seqlens_device, np.int32(num_heads), scale_log2),
+        shared_mem=spec.dynamic_smem,
     )
     return out, lse
 

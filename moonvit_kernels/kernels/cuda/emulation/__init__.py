@@ -199,13 +199,13 @@ def rope_inplace(qkv, token_pos, freqs, num_heads, head_dim):
     return qkv
 
 
-def attention(qkv, cu_seqlens, num_heads, head_dim):
-    """cupy_kernels.attention on the emulator (head_dim in HEAD_DIMS)."""
+def attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
+    """cupy_kernels.attention on the emulator (head_dim in HEAD_DIMS); reads cu_seqlens_device when given."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"the emulator is built for head dims {HEAD_DIMS}, not {head_dim}")
     dt = _name(qkv)
     L = qkv.shape[0]
-    cu = np.ascontiguousarray(cu_seqlens, dtype=np.int32)
+    cu = np.ascontiguousarray(cu_seqlens if cu_seqlens_device is None else cu_seqlens_device, dtype=np.int32)
     out = _empty((L, num_heads * head_dim), dt)
     lse = np.full((L, num_heads), np.nan, dtype=np.float32)
     rc = library().emu_attention(
