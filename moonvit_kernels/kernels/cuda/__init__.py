@@ -11,6 +11,11 @@ options and the same template instantiations:
   and the register bound the compile check asserts.
 
 Every file needs sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async); the GPU tier targets sm_90.
+
+Three ways to exercise them: on a GPU through CuPy (`cupy_kernels`, tests/test_cupy_gpu.py);
+compiled for sm_80/sm_90 without a GPU (`python -m moonvit_kernels.nvrtc_check`,
+tests/test_nvrtc_compile.py); run on the CPU by the emulator in `emulation/` (the same `.cu`
+files through g++, tests/test_cuda_emulation.py).
 """
 
 from __future__ import annotations
