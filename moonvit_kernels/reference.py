@@ -20,8 +20,11 @@ attends to another.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -299,6 +302,18 @@ def gelu_erf(x: np.ndarray) -> np.ndarray:
 
 
 # ============================================================================ 3c. attention
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="moonvit-attention")
+
+
+def _head_groups(heads: int) -> list[slice]:
+    """Split the heads into one contiguous group per CPU core (at most one group per head)."""
+    groups = min(heads, os.cpu_count() or 1)
+    edges = np.linspace(0, heads, groups + 1).round().astype(int).tolist()
+    return [slice(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
 def attention(
     q: np.ndarray,
     k: np.ndarray,
@@ -325,21 +340,27 @@ def attention(
         n = e - s
         if n == 0:
             continue
-        kh = np.ascontiguousarray(k[s:e].transpose(1, 2, 0), dtype=dt)  # [H, hd, n]
-        vh = np.ascontiguousarray(v[s:e].transpose(1, 0, 2), dtype=dt)  # [H, n, hd]
         rows = max(1, min(n, score_budget // max(1, H * n)))
-        for r0 in range(s, e, rows):
-            r1 = min(e, r0 + rows)
-            qh = np.ascontiguousarray(q[r0:r1].transpose(1, 0, 2), dtype=dt) * scale  # [H, r, hd]
-            scores = qh @ kh  # [H, r, n]
+        blocks = [(r0, min(e, r0 + rows), h) for r0 in range(s, e, rows) for h in _head_groups(H)]
+
+        def attend(block: tuple[int, int, slice], s: int = s, e: int = e) -> None:
+            r0, r1, h = block
+            qh = np.ascontiguousarray(q[r0:r1, h].transpose(1, 0, 2), dtype=dt) * scale  # [h, r, hd]
+            kh = np.ascontiguousarray(k[s:e, h].transpose(1, 2, 0), dtype=dt)  # [h, hd, n]
+            vh = np.ascontiguousarray(v[s:e, h].transpose(1, 0, 2), dtype=dt)  # [h, n, hd]
+            scores = qh @ kh  # [h, r, n]
             m = scores.max(axis=-1, keepdims=True)
             scores -= m
             np.exp(scores, out=scores)
             denom = scores.sum(axis=-1, keepdims=True)
-            o = scores @ vh  # [H, r, hd]
+            o = scores @ vh  # [h, r, hd]
             o /= denom
-            out[r0:r1] = o.transpose(1, 0, 2)
-            lse[r0:r1] = (m + np.log(denom))[..., 0].T
+            out[r0:r1, h] = o.transpose(1, 0, 2)
+            lse[r0:r1, h] = (m + np.log(denom))[..., 0].T
+
+        # Blocks write disjoint parts of out/lse; NumPy releases the GIL inside them, so
+        # the element-wise softmax work (single-threaded in NumPy) spreads over the CPU cores.
+        list(_pool().map(attend, blocks))
     return (out, lse) if return_lse else out
 
 
