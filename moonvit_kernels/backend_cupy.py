@@ -21,7 +21,7 @@ temporal mean + kh x kw merge -> proj.0 GEMM + GELU(erf) -> proj.2 GEMM -> rmsno
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -107,7 +107,12 @@ class CupyBackend:
 
     # ------------------------------------------------------------------ forward
     def forward(
-        self, pixel_values: Any, grid_thws: Any, return_intermediates: bool = False, as_numpy: bool = False
+        self,
+        pixel_values: Any,
+        grid_thws: Any,
+        return_intermediates: bool = False,
+        as_numpy: bool = False,
+        on_layer: Callable[[int], None] | None = None,
     ) -> Any:
         """Tower + projector on `pixel_values [Σ t·h·w, 3, p, p]`, `grid_thws [N, 3]`.
 
@@ -154,6 +159,8 @@ class CupyBackend:
             m = k.gemm(h, w["fc0"], epilogue="gelu_tanh", out_dtype=act)
             k.gemm(m, w["fc1"], epilogue="residual", residual=x, out=x)
             keep(f"layer_{i}", x)
+            if on_layer is not None:
+                on_layer(i)
         xf = k.rmsnorm(x, self.final_norm, eps, out_dtype="float32")
         keep("final_norm", xf)
         merged = k.tpool_merge(xf, merge_src, cfg.merge_kernel_size, out_dtype=act)

@@ -19,7 +19,7 @@ Per call (SPEC.md stage numbers):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -99,10 +99,16 @@ class NumbaBackend:
 
     # ------------------------------------------------------------------ forward
     def forward(
-        self, pixel_values: Any, grid_thws: Any, return_intermediates: bool = False, as_numpy: bool = False
+        self,
+        pixel_values: Any,
+        grid_thws: Any,
+        return_intermediates: bool = False,
+        as_numpy: bool = False,
+        on_layer: Callable[[int], None] | None = None,
     ) -> Any:
         """Per-item outputs `[n_merged_i, text_hidden]` (device arrays, or NumPy with `as_numpy`);
-        with `return_intermediates`, also the stage dict of `reference.vision_forward` (NumPy)."""
+        with `return_intermediates`, also the stage dict of `reference.vision_forward` (NumPy).
+        `on_layer(i)` is called after encoder block i."""
         c = self.config
         grid = validate_grid_thws(grid_thws, c)
         x_in = self._pixels_on_device(pixel_values, grid)
@@ -133,6 +139,8 @@ class NumbaBackend:
             h = self._gemm(a, layer["fc0"], "gelu_tanh")
             self._gemm(h, layer["fc1"], "residual", residual=x, out=x)
             keep(f"layer_{i}", x)
+            if on_layer is not None:
+                on_layer(i)
         rmsnorm_k.rmsnorm(x, self.final_norm, c.vit_norm_eps, out=x)
         keep("final_norm", x)
         kh, kw = c.merge_kernel_size

@@ -126,10 +126,15 @@ def cmd_encode(args: argparse.Namespace) -> int:
     arrays: dict[str, np.ndarray] = {}
     start = time.perf_counter()
     progress = tqdm(list(zip(args.images, items, strict=True)), desc="images", unit="img", disable=args.quiet)
+    layers = tqdm(total=config.vt_num_hidden_layers, desc="layers", unit="layer", leave=False, disable=args.quiet)
     for i, (path, item) in enumerate(progress):
         progress.set_postfix_str(Path(path).name)
-        (embedding,) = model.forward(item.pixel_values, item.grid_thws, as_numpy=True)
+        layers.reset()
+        (embedding,) = model.forward(
+            item.pixel_values, item.grid_thws, as_numpy=True, on_layer=lambda _block: layers.update()
+        )
         arrays[f"image_{i}"] = np.asarray(embedding, dtype=np.float32)
+    layers.close()
     seconds = time.perf_counter() - start
     arrays["grid_thws"] = np.concatenate([item.grid_thws for item in items])
     arrays["sources"] = np.array([str(p) for p in args.images])

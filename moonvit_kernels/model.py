@@ -10,7 +10,7 @@ numba.cuda kernels (a GPU, or the CUDA simulator on the CPU); "cupy" runs the CU
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -49,11 +49,24 @@ class NumpyBackend:
             raise ValueError(f"the numpy backend computes in float32 or float64, not {dtype!r}")
         self.config, self.weights, self.dtype = config, weights, np.dtype(dtype)
 
-    def forward(self, pixel_values: Any, grid_thws: Any, return_intermediates: bool = False, as_numpy: bool = True):
+    def forward(
+        self,
+        pixel_values: Any,
+        grid_thws: Any,
+        return_intermediates: bool = False,
+        as_numpy: bool = True,
+        on_layer: Callable[[int], None] | None = None,
+    ):
         from .reference import vision_forward
 
         return vision_forward(
-            pixel_values, grid_thws, self.weights, self.config, self.dtype, return_intermediates=return_intermediates
+            pixel_values,
+            grid_thws,
+            self.weights,
+            self.config,
+            self.dtype,
+            return_intermediates=return_intermediates,
+            on_layer=on_layer,
         )
 
 
@@ -79,10 +92,20 @@ class MoonViT:
 
             self.backend = CupyBackend(config, weights, **options)
 
-    def forward(self, pixel_values: Any, grid_thws: Any, return_intermediates: bool = False, as_numpy: bool = False):
-        """Per-item outputs `[n_merged_i, text_hidden]` (and the stage dict with `return_intermediates`)."""
+    def forward(
+        self,
+        pixel_values: Any,
+        grid_thws: Any,
+        return_intermediates: bool = False,
+        as_numpy: bool = False,
+        on_layer: Callable[[int], None] | None = None,
+    ):
+        """Per-item outputs `[n_merged_i, text_hidden]` (and the stage dict with `return_intermediates`).
+
+        Outputs are the backend's arrays (NumPy, numba device arrays, CuPy), NumPy with `as_numpy`.
+        `on_layer(i)` is called after encoder block i (progress bars)."""
         return self.backend.forward(
-            pixel_values, grid_thws, return_intermediates=return_intermediates, as_numpy=as_numpy
+            pixel_values, grid_thws, return_intermediates=return_intermediates, as_numpy=as_numpy, on_layer=on_layer
         )
 
     __call__ = forward

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -444,6 +444,7 @@ def vision_forward(
     config: VisionConfig,
     dtype: Any = np.float32,
     return_intermediates: bool = False,
+    on_layer: Callable[[int], None] | None = None,
 ) -> Any:
     """Run the tower and projector; returns one `[n_merged_i, text_hidden]` array per item.
 
@@ -451,6 +452,7 @@ def vision_forward(
     `(outputs, stages)` where `stages` is a dict of arrays, in order: `patch_embed [L, D]`,
     `pos_emb [L, D]`, `layer_{i} [L, D]` (output of block i), `final_norm [L, D]`,
     `merged [M_total, kh·kw·D]`, `projected [M_total, T]` — for stage-by-stage comparison.
+    `on_layer(i)`, when given, is called after encoder block i (for progress bars).
     """
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
@@ -473,6 +475,8 @@ def vision_forward(
         layer = {role: weights[name] for role, name in layer_weight_names(i).items()}
         x = encoder_layer(x, layer, angles, bounds, config)
         keep(f"layer_{i}", x)
+        if on_layer is not None:
+            on_layer(i)
     x = rmsnorm(x, weights["vision_tower.encoder.final_layernorm.weight"], config.vit_norm_eps).astype(dtype)
     keep("final_norm", x)
     merged_items = tpool_patch_merger(x, grid, config.merge_kernel_size)
