@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 from scipy.special import erf
+from threadpoolctl import threadpool_limits
 
 from .config import ROPE_MAX_SIDE, ROPE_THETA, VisionConfig
 from .weights import check_weights
@@ -342,25 +343,27 @@ def attention(
             continue
         rows = max(1, min(n, score_budget // max(1, H * n)))
         blocks = [(r0, min(e, r0 + rows), h) for r0 in range(s, e, rows) for h in _head_groups(H)]
+        k_item = np.ascontiguousarray(k[s:e].transpose(1, 0, 2), dtype=dt)  # [H, n, hd]
+        v_item = np.ascontiguousarray(v[s:e].transpose(1, 0, 2), dtype=dt)  # [H, n, hd]
 
-        def attend(block: tuple[int, int, slice], s: int = s, e: int = e) -> None:
+        def attend(block: tuple[int, int, slice], k_item: np.ndarray = k_item, v_item: np.ndarray = v_item) -> None:
             r0, r1, h = block
             qh = np.ascontiguousarray(q[r0:r1, h].transpose(1, 0, 2), dtype=dt) * scale  # [h, r, hd]
-            kh = np.ascontiguousarray(k[s:e, h].transpose(1, 2, 0), dtype=dt)  # [h, hd, n]
-            vh = np.ascontiguousarray(v[s:e, h].transpose(1, 0, 2), dtype=dt)  # [h, n, hd]
-            scores = qh @ kh  # [h, r, n]
+            scores = qh @ k_item[h].transpose(0, 2, 1)  # [h, r, n]
             m = scores.max(axis=-1, keepdims=True)
             scores -= m
             np.exp(scores, out=scores)
             denom = scores.sum(axis=-1, keepdims=True)
-            o = scores @ vh  # [h, r, hd]
+            o = scores @ v_item[h]  # [h, r, hd]
             o /= denom
             out[r0:r1, h] = o.transpose(1, 0, 2)
             lse[r0:r1, h] = (m + np.log(denom))[..., 0].T
 
-        # Blocks write disjoint parts of out/lse; NumPy releases the GIL inside them, so
-        # the element-wise softmax work (single-threaded in NumPy) spreads over the CPU cores.
-        list(_pool().map(attend, blocks))
+        # Blocks write disjoint parts of out/lse; NumPy releases the GIL inside them, so the
+        # softmax work (single-threaded in NumPy) spreads over the CPU cores. One BLAS thread per
+        # block: the blocks already fill the cores, and nested BLAS threads would fight them.
+        with threadpool_limits(1, user_api="blas"):
+            list(_pool().map(attend, blocks))
     return (out, lse) if return_lse else out
 
 
