@@ -303,14 +303,17 @@ def gelu_erf(x: np.ndarray) -> np.ndarray:
 
 
 # ============================================================================ 3c. attention
+WORKERS = os.cpu_count() or 1
+
+
 @functools.cache
 def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="moonvit-attention")
+    return ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="moonvit-attention")
 
 
 def _head_groups(heads: int) -> list[slice]:
     """Split the heads into one contiguous group per CPU core (at most one group per head)."""
-    groups = min(heads, os.cpu_count() or 1)
+    groups = min(heads, WORKERS)
     edges = np.linspace(0, heads, groups + 1).round().astype(int).tolist()
     return [slice(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
@@ -341,8 +344,11 @@ def attention(
         n = e - s
         if n == 0:
             continue
-        rows = max(1, min(n, score_budget // max(1, H * n)))
-        blocks = [(r0, min(e, r0 + rows), h) for r0 in range(s, e, rows) for h in _head_groups(H)]
+        groups = _head_groups(H)
+        # At most WORKERS blocks of (widest group) x rows x n scores are alive at once.
+        widest = max(g.stop - g.start for g in groups)
+        rows = max(1, min(n, score_budget // (WORKERS * widest * n)))
+        blocks = [(r0, min(e, r0 + rows), h) for r0 in range(s, e, rows) for h in groups]
         k_item = np.ascontiguousarray(k[s:e].transpose(1, 0, 2), dtype=dt)  # [H, n, hd]
         v_item = np.ascontiguousarray(v[s:e].transpose(1, 0, 2), dtype=dt)  # [H, n, hd]
 
