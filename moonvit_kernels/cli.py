@@ -47,7 +47,13 @@ def load_checkpoint_or_fail(path: str | Path) -> tuple[Any, dict[str, np.ndarray
 
     path = Path(path)
     if not path.exists():
-        raise CLIError(f"{path}: no such checkpoint (expected a directory with config.json and safetensors)")
+        hint = (
+            "; the bundled data lives in the source tree's data/ folder: install from a clone with "
+            "pip install -e . or pass --weights"
+            if path == TINY_DIR
+            else ""
+        )
+        raise CLIError(f"{path}: no such checkpoint (expected a directory with config.json and safetensors){hint}")
     config_json = (path if path.is_dir() else path.parent) / "config.json"
     if not config_json.is_file():
         raise CLIError(f"{path}: no config.json beside the weights (looked for {config_json})")

@@ -247,3 +247,13 @@ def test_bad_command_line_exits_with_status_2(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["encode"])
     assert e.value.code == 2
+
+
+def test_missing_bundled_data_says_how_to_get_it(monkeypatch):
+    from pathlib import Path
+
+    from moonvit_kernels import cli
+
+    monkeypatch.setattr(cli, "TINY_DIR", Path("/nonexistent/data/tiny"))
+    with pytest.raises(cli.CLIError, match=r"no such checkpoint.*pip install -e \."):
+        cli.load_checkpoint_or_fail(cli.TINY_DIR)
