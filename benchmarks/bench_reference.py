@@ -27,15 +27,8 @@ import numpy as np
 
 from moonvit_kernels import reference as ref
 from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.viz_stages import flop_table
 from moonvit_kernels.weights import random_weights
-
-
-def gemm_flops(config: VisionConfig, L: int, M: int) -> float:
-    """2·L·D·(3Q + Q + 2I) per layer (SPEC.md), plus patch embed and projector."""
-    D, Q, I = config.vt_hidden_size, config.qkv_hidden_size, config.vt_intermediate_size
-    K, T = config.merged_hidden_size, config.text_hidden_size
-    per_layer = 2 * L * D * (3 * Q + Q + 2 * I) + 4 * L * L * Q
-    return config.vt_num_hidden_layers * per_layer + 2 * L * config.patch_dim * D + 2 * M * K * (K + T)
 
 
 def torch_forward(torch, pixel_values, grid_thws, weights, config):
@@ -118,10 +111,9 @@ def main() -> None:
     n = args.side // config.patch_size
     grid = np.array([[1, n, n]])
     L = n * n
-    M = L // 4
     rng = np.random.default_rng(0)
     pixels = rng.uniform(-1, 1, (L, 3, config.patch_size, config.patch_size)).astype(np.float32)
-    flops = gemm_flops(config, L, M)
+    flops = sum(row.count for row in flop_table(config, grid))
     print(
         f"K3 tower, {args.layers} layers, {args.side}x{args.side} image = {L} patches, float32, CPU "
         f"({platform.processor() or platform.machine()}); work = {flops / 1e9:.1f} GFLOP "
