@@ -125,8 +125,8 @@ class Results:
 def bench_gemms(res: Results, L: int, repeats: int) -> None:
     import cupy as cp
 
-    from moonvit_kernels import cupy_kernels as k
     from moonvit_kernels.config import VisionConfig
+    from moonvit_kernels.cuda_backend import launchers as k
 
     c = VisionConfig.k3()
     D, Q, I, T, P = c.vt_hidden_size, c.qkv_hidden_size, c.vt_intermediate_size, c.text_hidden_size, c.patch_dim
@@ -188,7 +188,7 @@ def attention_check(qkv32, out, lse, heads: int, hd: int, rows: int = 128) -> fl
     """Re-check the first `rows` queries of head 0 and head heads-1 with fp32 CuPy."""
     import cupy as cp
 
-    from moonvit_kernels import cupy_kernels as k
+    from moonvit_kernels.cuda_backend import launchers as k
 
     Q = heads * hd
     got = k.from_bf16(out) if out.dtype == cp.uint16 else out
@@ -210,7 +210,7 @@ def attention_check(qkv32, out, lse, heads: int, hd: int, rows: int = 128) -> fl
 def bench_attention(res: Results, L: int, repeats: int) -> None:
     import cupy as cp
 
-    from moonvit_kernels import cupy_kernels as k
+    from moonvit_kernels.cuda_backend import launchers as k
 
     heads, hd = 12, 128
     Q = heads * hd
@@ -241,9 +241,9 @@ def bench_attention(res: Results, L: int, repeats: int) -> None:
 def bench_memory_bound(res: Results, L: int, repeats: int) -> None:
     import cupy as cp
 
-    from moonvit_kernels import cupy_kernels as k
     from moonvit_kernels import reference as ref
     from moonvit_kernels.config import VisionConfig
+    from moonvit_kernels.cuda_backend import launchers as k
 
     c = VisionConfig.k3()
     D, H, hd, Q = c.vt_hidden_size, c.vt_num_attention_heads, c.head_dim, c.qkv_hidden_size
@@ -323,8 +323,8 @@ def tower_flops(L: int) -> int:
 
 
 def bench_tower(res: Results, L: int, repeats: int) -> None:
-    from moonvit_kernels.backend_cupy import CupyBackend
     from moonvit_kernels.config import VisionConfig
+    from moonvit_kernels.cuda_backend.backend import CupyBackend
     from moonvit_kernels.weights import random_weights
 
     c = VisionConfig.k3()
@@ -378,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     name = gpu_name()
     if name is None:
         print("bench_cupy: no CUDA GPU (cuInit failed or found no device): nothing to time.", file=sys.stderr)
-        print("  Without a GPU, run the compile tier: python -m moonvit_kernels.nvrtc_check", file=sys.stderr)
+        print(
+            "  Without a GPU, run the compile tier: python -m moonvit_kernels.cuda_backend.nvrtc_check", file=sys.stderr
+        )
         return 2
     try:
         import cupy  # noqa: F401

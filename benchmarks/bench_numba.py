@@ -10,7 +10,7 @@ CPU. Every timed output is re-checked against NumPy. Results are stamped with th
 package versions.
 
 Without a GPU there is nothing to time: the script says so and prints what can be known here
-(the compile tier's registers and shared memory, `python -m moonvit_kernels.kernels.compile_check`).
+(the compile tier's registers and shared memory, `python -m moonvit_kernels.numba_backend.compile_check`).
 No GPU number exists until this runs on one.
 """
 
@@ -70,11 +70,11 @@ def run_gpu(tokens: int, repeats: int, out_csv: Path | None, config_name: str = 
 
     from moonvit_kernels import reference as ref
     from moonvit_kernels.config import VisionConfig
-    from moonvit_kernels.kernels import attention as attention_k
-    from moonvit_kernels.kernels import gemm as gemm_k
-    from moonvit_kernels.kernels import rmsnorm as rmsnorm_k
     from moonvit_kernels.model import MoonViT
-    from moonvit_kernels.viz_stages import flop_table
+    from moonvit_kernels.numba_backend import attention as attention_k
+    from moonvit_kernels.numba_backend import gemm as gemm_k
+    from moonvit_kernels.numba_backend import rmsnorm as rmsnorm_k
+    from moonvit_kernels.plots import flop_table
     from moonvit_kernels.weights import random_weights
 
     cupy = None
@@ -188,7 +188,7 @@ def main() -> None:
     if gpu_name() is None:
         print("No CUDA GPU here: no GPU number exists for the numba kernels yet.")
         print("What can be known without one is the compile tier (sm_90 registers, spills, shared memory):")
-        print("    python -m moonvit_kernels.kernels.compile_check")
+        print("    python -m moonvit_kernels.numba_backend.compile_check")
         print("and correctness under the CUDA simulator: python -m pytest tests/test_kernels_*.py")
         sys.exit(0)
     run_gpu(args.tokens, args.repeats, args.csv)

@@ -27,7 +27,7 @@ import numpy as np
 
 from moonvit_kernels import reference as ref
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.viz_stages import flop_table
+from moonvit_kernels.plots import flop_table
 from moonvit_kernels.weights import random_weights
 
 

@@ -22,9 +22,8 @@ from typing import Any
 
 import numpy as np
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-TINY_DIR = DATA_DIR / "tiny"
-PHOTO = DATA_DIR / "photo" / "grace_hopper.jpg"
+from .bundled import PHOTO, TINY_DIR
+
 # The demo keeps the tiny model (patch 4) to about a thousand patches per image so that the
 # whole pipeline runs in about a second on a CPU; K3 itself allows 65536.
 DEMO_IN_PATCH_LIMIT = 1024
@@ -376,7 +375,7 @@ def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[
 
     Two media items are packed (the photograph and a crop of it) so the attention mask has blocks.
     """
-    from . import reference, viz
+    from . import plots, reference
     from .preprocess import load_image, preprocess_images
 
     config, weights = load_checkpoint_or_fail(TINY_DIR)
@@ -404,15 +403,15 @@ def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[
     padded = batch.frames[0][0]
     plan = batch.plans[0]
     figures = {
-        "01_patch_grid.png": viz.patch_grid_overlay(
+        "01_patch_grid.png": plots.patch_grid_overlay(
             padded, p, config.merge_kernel_size, (plan.new_width, plan.new_height)
         ),
-        "02_rope_frequency_maps.png": viz.rope_frequency_maps(h, w, config.head_dim),
-        "03_rope_offset_invariance.png": viz.rope_offset_invariance(config.head_dim),
-        "04_merge_index_map.png": viz.merge_index_map(6, 8, config.merge_kernel_size),  # small: numbers readable
-        "05_attention_mask.png": viz.attention_mask_picture(batch.grid_thws),
-        "06_pca_features.png": viz.pca_overlay(features, (h, w), padded, p),
-        "07_error_vs_float64.png": viz.error_heatmap(
+        "02_rope_frequency_maps.png": plots.rope_frequency_maps(h, w, config.head_dim),
+        "03_rope_offset_invariance.png": plots.rope_offset_invariance(config.head_dim),
+        "04_merge_index_map.png": plots.merge_index_map(6, 8, config.merge_kernel_size),  # small: numbers readable
+        "05_attention_mask.png": plots.attention_mask_picture(batch.grid_thws),
+        "06_pca_features.png": plots.pca_overlay(features, (h, w), padded, p),
+        "07_error_vs_float64.png": plots.error_heatmap(
             np.concatenate([np.asarray(o) for o in outputs]),
             np.concatenate(ref64),
             title=f"projected output, {model.backend_name} float32 vs NumPy float64",

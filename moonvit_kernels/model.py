@@ -80,7 +80,7 @@ class MoonViT:
         if self.backend_name == "numpy":
             self.backend = NumpyBackend(config, weights, **options)
         elif self.backend_name == "numba":
-            from .backend_numba import NumbaBackend
+            from .numba_backend.backend import NumbaBackend
 
             self.backend = NumbaBackend(config, weights, **options)
         else:
@@ -88,7 +88,7 @@ class MoonViT:
                 raise ValueError("backend 'cupy' needs a CUDA GPU and none was found (use 'numpy' or 'numba')")
             if not cupy_importable():
                 raise ValueError("backend 'cupy' needs CuPy: pip install -e '.[cuda12]' or '.[cuda13]'")
-            from .backend_cupy import CupyBackend
+            from .cuda_backend.backend import CupyBackend
 
             self.backend = CupyBackend(config, weights, **options)
 

@@ -1,4 +1,4 @@
-"""Regenerate `data/tiny/`: a tiny bf16 checkpoint in real K3 tensor names, plus bundled inputs.
+"""Regenerate `moonvit_kernels/data/tiny/`: a tiny bf16 checkpoint in real K3 tensor names, plus bundled inputs.
 
     python scripts/make_tiny_checkpoint.py [OUT_DIR]
 
@@ -37,7 +37,7 @@ def bundled_inputs(config: VisionConfig, seed: int = 1) -> tuple[np.ndarray, np.
     return np.concatenate(items).astype(np.float32), GRID_THWS.copy()
 
 
-def main(out: str = "data/tiny") -> None:
+def main(out: str = "moonvit_kernels/data/tiny") -> None:
     config = VisionConfig.tiny()
     out_dir = Path(out)
     save_checkpoint(out_dir, random_weights(config, seed=0), config, dtype="bfloat16")

@@ -1,6 +1,6 @@
 """Checks of the CUDA C kernels against the NumPy reference, shared by two test tiers.
 
-Each check takes `k`, a launcher module with the API of `moonvit_kernels.cupy_kernels`: the real
+Each check takes `k`, a launcher module with the API of `moonvit_kernels.cuda_backend.launchers`: the real
 one on a GPU (tests/test_cupy_gpu.py) or the CPU emulation (tests/test_cuda_emulation.py). Inputs
 are random and non-uniform; bf16 kernels are compared with a float64 reference computed on the
 same bf16-rounded inputs, so the tolerance only has to cover fp32 accumulation and the rounding of
@@ -187,7 +187,7 @@ def check_backend_forward(
 
     The reference gets the weights the backend holds (bf16-rounded for dtype "bfloat16"); each
     stage must satisfy |got − ref| <= tol·(|ref| + max|ref|)."""
-    from moonvit_kernels.backend_cupy import CupyBackend
+    from moonvit_kernels.cuda_backend.backend import CupyBackend
 
     weights = random_weights(config, seed)
     pixels = random_pixels(grid, config.patch_size, seed=seed + 1)

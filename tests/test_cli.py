@@ -10,6 +10,8 @@ from helpers import assert_close, fp32_rtol
 from PIL import Image
 
 from moonvit_kernels import cli
+from moonvit_kernels.bundled import PHOTO as BUNDLED_PHOTO
+from moonvit_kernels.bundled import TINY_DIR
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.preprocess import preprocess_images
 from moonvit_kernels.reference import vision_forward
@@ -23,8 +25,8 @@ from moonvit_kernels.weights import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "data" / "tiny"
-PHOTO = ROOT / "data" / "photo" / "grace_hopper.jpg"
+TINY = TINY_DIR
+PHOTO = BUNDLED_PHOTO
 
 
 def error_line(capsys) -> str:

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from moonvit_kernels.kernels.compile_check import KernelReport, format_table, parse_ptxas_log
+from moonvit_kernels.numba_backend.compile_check import KernelReport, format_table, parse_ptxas_log
 
 pytestmark = pytest.mark.compile
 
@@ -31,7 +31,7 @@ def _run_without_simulator(args: list[str], timeout: float) -> subprocess.Comple
 
 @pytest.fixture(scope="module")
 def reports() -> list[KernelReport]:
-    r = _run_without_simulator(["-m", "moonvit_kernels.kernels.compile_check", "--json"], timeout=170)
+    r = _run_without_simulator(["-m", "moonvit_kernels.numba_backend.compile_check", "--json"], timeout=170)
     try:
         data = json.loads(r.stdout)
     except json.JSONDecodeError:
@@ -59,7 +59,7 @@ def test_checker_reports_compile_errors_and_register_overflow():
         """
         import json
         from numba import cuda, float32
-        from moonvit_kernels.kernels.compile_check import check_kernel
+        from moonvit_kernels.numba_backend.compile_check import check_kernel
 
         def bad_types(out):
             out[0] = (1.0, 2.0)  # a tuple cannot be stored in a float32 array

@@ -1,4 +1,4 @@
-"""The CUDA C kernels run on the CPU emulator (moonvit_kernels/kernels/cuda/emulation) vs the reference.
+"""The CUDA C kernels run on the CPU emulator (moonvit_kernels/cuda_backend/emulation) vs the reference.
 
 No GPU needed: the `.cu` files are compiled unchanged by g++ against stand-ins for threads,
 barriers, warp shuffles, ldmatrix, mma.sync and cp.async (see the emulation module's docstring),
@@ -21,7 +21,8 @@ from cuda_kernel_checks import (
 )
 
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.kernels.cuda import EPILOGUES, emulation
+from moonvit_kernels.cuda_backend import emulation
+from moonvit_kernels.cuda_backend.sources import EPILOGUES
 
 pytestmark = [
     pytest.mark.compile,

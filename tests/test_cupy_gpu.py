@@ -22,10 +22,10 @@ from cuda_kernel_checks import (
 )
 
 from moonvit_kernels import reference as ref
-from moonvit_kernels.backend_cupy import CupyBackend
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.cupy_kernels import cu_seqlens_int32, merge_sources, token_positions
-from moonvit_kernels.kernels.cuda import EPILOGUES
+from moonvit_kernels.cuda_backend.backend import CupyBackend
+from moonvit_kernels.cuda_backend.launchers import cu_seqlens_int32, merge_sources, token_positions
+from moonvit_kernels.cuda_backend.sources import EPILOGUES
 from moonvit_kernels.weights import random_weights
 
 gpu = pytest.mark.gpu
@@ -35,7 +35,7 @@ K3 = VisionConfig.k3()
 @pytest.fixture(scope="module")
 def k():
     pytest.importorskip("cupy", reason="CuPy not installed (pip install -e '.[cuda13]')")
-    from moonvit_kernels import cupy_kernels
+    from moonvit_kernels.cuda_backend import launchers as cupy_kernels
 
     return cupy_kernels
 

@@ -1,33 +1,32 @@
-"""The bundled golden values (`data/golden_tiny/`, written by `python -m moonvit_kernels golden
---weights data/tiny --out data/golden_tiny --float64`) are reproduced by today's reference.
+"""The bundled golden values (`moonvit_kernels/data/golden_tiny/`, written by
+`python -m moonvit_kernels golden --out moonvit_kernels/data/golden_tiny --float64`) are reproduced by
+today's reference.
 
 A regression guard: any change to the reference's numerics, to the tiny checkpoint or to the
 inputs shows up here first. Regenerate the folder with that command when a change is intended.
 """
-
-from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import assert_close
 
 from moonvit_kernels import reference as ref
+from moonvit_kernels.bundled import GOLDEN_DIR, TINY_DIR
 from moonvit_kernels.weights import load_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = ROOT / "data" / "golden_tiny"
+GOLDEN = GOLDEN_DIR
 
 
 @pytest.fixture(scope="module")
 def golden():
-    config, weights = load_checkpoint(ROOT / "data" / "tiny")
+    config, weights = load_checkpoint(TINY_DIR)
     inputs = np.load(GOLDEN / "inputs.npz")
     return config, weights, inputs["pixel_values"], inputs["grid_thws"]
 
 
 def test_inputs_are_the_bundled_inputs(golden):
     _, _, pv, grid = golden
-    bundled = np.load(ROOT / "data" / "tiny" / "inputs.npz")
+    bundled = np.load(TINY_DIR / "inputs.npz")
     np.testing.assert_array_equal(pv, bundled["pixel_values"])
     np.testing.assert_array_equal(grid, bundled["grid_thws"])
 

@@ -13,7 +13,7 @@ import pytest
 from helpers import FP32_EPS, assert_close, fp32_rtol
 
 from moonvit_kernels import reference
-from moonvit_kernels.kernels import attention as attn
+from moonvit_kernels.numba_backend import attention as attn
 
 # Launch shapes used here: v1 with 8 threads (several keys per thread), v2 with 8 x 8 tiles, and
 # 5-row x 3-key tiles (3 does not divide head_dim 8 or 24's dims-per-thread evenly with 5 rows).

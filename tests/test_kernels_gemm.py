@@ -6,8 +6,8 @@ from helpers import assert_close, fp32_rtol
 
 from moonvit_kernels import reference
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.kernels import gemm as G
-from moonvit_kernels.kernels import launch
+from moonvit_kernels.numba_backend import gemm as G
+from moonvit_kernels.numba_backend import launch
 from moonvit_kernels.weights import random_weights
 
 VERSIONS = G.VERSIONS

@@ -5,8 +5,8 @@ import pytest
 from helpers import assert_close
 
 from moonvit_kernels import reference
-from moonvit_kernels.kernels import launch
-from moonvit_kernels.kernels import merge as Mg
+from moonvit_kernels.numba_backend import launch
+from moonvit_kernels.numba_backend import merge as Mg
 
 D = 9  # odd width
 

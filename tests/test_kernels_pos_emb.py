@@ -6,8 +6,8 @@ from helpers import assert_close
 
 from moonvit_kernels import reference
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.kernels import launch
-from moonvit_kernels.kernels import pos_emb as P
+from moonvit_kernels.numba_backend import launch
+from moonvit_kernels.numba_backend import pos_emb as P
 
 H0, W0 = 6, 5  # a non-square learned grid, so swapped axes fail
 

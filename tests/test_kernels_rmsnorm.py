@@ -6,8 +6,8 @@ from helpers import assert_close, fp32_rtol
 
 from moonvit_kernels import reference
 from moonvit_kernels.config import FP32_EPS
-from moonvit_kernels.kernels import launch
-from moonvit_kernels.kernels import rmsnorm as R
+from moonvit_kernels.numba_backend import launch
+from moonvit_kernels.numba_backend import rmsnorm as R
 
 
 def data(rows: int, cols: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -5,8 +5,8 @@ import pytest
 from helpers import assert_close
 
 from moonvit_kernels import reference
-from moonvit_kernels.kernels import launch
-from moonvit_kernels.kernels import rope as R
+from moonvit_kernels.numba_backend import launch
+from moonvit_kernels.numba_backend import rope as R
 
 HEADS, HD = 2, 24  # head_dim a multiple of 4 but not a power of two
 Q = HEADS * HD

@@ -11,14 +11,14 @@ from helpers import assert_close, fp32_rtol, random_pixels
 from moonvit_kernels import reference as ref
 from moonvit_kernels.compare import compare_stages
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.kernels import attention as attention_k
-from moonvit_kernels.kernels import gemm as gemm_k
-from moonvit_kernels.kernels import merge as merge_k
-from moonvit_kernels.kernels import pos_emb as pos_emb_k
-from moonvit_kernels.kernels import rmsnorm as rmsnorm_k
-from moonvit_kernels.kernels import rope as rope_k
-from moonvit_kernels.kernels.launch import cu_seqlens_table, grid_table, item_table
 from moonvit_kernels.model import MoonViT
+from moonvit_kernels.numba_backend import attention as attention_k
+from moonvit_kernels.numba_backend import gemm as gemm_k
+from moonvit_kernels.numba_backend import merge as merge_k
+from moonvit_kernels.numba_backend import pos_emb as pos_emb_k
+from moonvit_kernels.numba_backend import rmsnorm as rmsnorm_k
+from moonvit_kernels.numba_backend import rope as rope_k
+from moonvit_kernels.numba_backend.launch import cu_seqlens_table, grid_table, item_table
 from moonvit_kernels.weights import random_weights
 
 pytestmark = pytest.mark.gpu

@@ -1,7 +1,7 @@
 """Compile tier: every CUDA C kernel builds with NVRTC for sm_80 and sm_90 — no GPU needed.
 
 Builds the same source text, options and template instantiations the CuPy launchers use
-(`moonvit_kernels.kernels.cuda.kernel_specs`), with front-end warnings as errors, and checks
+(`moonvit_kernels.cuda_backend.sources.kernel_specs`), with front-end warnings as errors, and checks
 ptxas's report: no spills, stack frames only where allowed, registers within each kernel's
 stated bound, shared memory within the architecture's per-block limit. Attention is built at
 the head dims the configs use (K3: 128, tiny: 24) and one more.
@@ -11,9 +11,9 @@ import pytest
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
 
-from moonvit_kernels import nvrtc_check
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.kernels import cuda as kcuda
+from moonvit_kernels.cuda_backend import nvrtc_check
+from moonvit_kernels.cuda_backend import sources as kcuda
 
 pytestmark = pytest.mark.compile
 

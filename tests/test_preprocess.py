@@ -1,12 +1,12 @@
 """The K3 preprocessor: known sizes, patch order against a loop, alpha blending, video chunks, errors."""
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from moonvit_kernels.bundled import PHOTO as BUNDLED_PHOTO
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.preprocess import (
     PreprocessConfig,
@@ -23,7 +23,7 @@ from moonvit_kernels.preprocess import (
 )
 from moonvit_kernels.reference import validate_inputs
 
-PHOTO = Path(__file__).resolve().parents[1] / "data" / "photo" / "grace_hopper.jpg"
+PHOTO = BUNDLED_PHOTO
 
 
 def random_image(height: int, width: int, channels: int = 3, seed: int = 0) -> np.ndarray:

@@ -9,6 +9,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from moonvit_kernels import weights as W
+from moonvit_kernels.bundled import TINY_DIR
 from moonvit_kernels.config import VisionConfig
 
 CFG = VisionConfig.tiny()
@@ -92,9 +93,8 @@ def test_config_from_checkpoint(tmp_path, wts):
 
 
 def test_bundled_tiny_checkpoint_loads():
-    from pathlib import Path
 
-    tiny = Path(__file__).resolve().parents[1] / "data" / "tiny"
+    tiny = TINY_DIR
     cfg, got = W.load_checkpoint(tiny)
     assert cfg == VisionConfig.tiny()
     assert (tiny / "model.safetensors").stat().st_size < 1_000_000

@@ -1,6 +1,6 @@
 """Compile tier: build every numba.cuda kernel for a real GPU (sm_90, H100/H200) without one.
 
-Run `python -m moonvit_kernels.kernels.compile_check` for a table of
+Run `python -m moonvit_kernels.numba_backend.compile_check` for a table of
 kernel | registers | spill bytes | stack | shared memory, or add `--json` for machine-readable output.
 The exit status is 1 when any kernel fails a check.
 
@@ -42,7 +42,7 @@ from typing import Any
 
 TARGET_CC = (9, 0)
 DEFAULT_MAX_REGISTERS = 128
-PACKAGE = "moonvit_kernels.kernels"
+PACKAGE = "moonvit_kernels.numba_backend"
 SKIP_MODULES = {"compile_check"}
 
 

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from . import reference
-from .config import VisionConfig
-from .kernels import cuda as kcuda
-from .weights import bf16_bits_to_float32, check_weights, float32_to_bf16_bits
+from .. import reference
+from ..config import VisionConfig
+from ..weights import bf16_bits_to_float32, check_weights, float32_to_bf16_bits
+from . import sources as kcuda
 
 DTYPES = ("bfloat16", "float32")
 
@@ -42,14 +42,14 @@ class CupyBackend:
     def __init__(
         self, config: VisionConfig, weights: Mapping[str, np.ndarray], dtype: str = "bfloat16", kernels: Any = None
     ):
-        """`kernels` is the launcher module (default `moonvit_kernels.cupy_kernels`); another module with
+        """`kernels` is the launcher module (default `moonvit_kernels.cuda_backend.launchers`); another module with
         the same functions and an `array_module()` can stand in (the CPU emulation tests use one)."""
         if dtype not in DTYPES:
             raise ValueError(f"CupyBackend dtype must be 'bfloat16' or 'float32', got {dtype!r}")
         check_weights(weights, config)
         kcuda.check_head_dim(config.head_dim)
         if kernels is None:
-            from . import cupy_kernels as kernels
+            from . import launchers as kernels
 
             kernels.require_sm80()
         self.k = kernels

@@ -25,16 +25,16 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from .config import VisionConfig
-from .kernels import attention as attention_k
-from .kernels import gemm as gemm_k
-from .kernels import merge as merge_k
-from .kernels import pos_emb as pos_emb_k
-from .kernels import rmsnorm as rmsnorm_k
-from .kernels import rope as rope_k
-from .kernels.launch import cu_seqlens_table, grid_table, is_device_array, item_table
-from .reference import layer_weight_names, validate_grid_thws, validate_inputs
-from .weights import check_weights
+from ..config import VisionConfig
+from ..reference import layer_weight_names, validate_grid_thws, validate_inputs
+from ..weights import check_weights
+from . import attention as attention_k
+from . import gemm as gemm_k
+from . import merge as merge_k
+from . import pos_emb as pos_emb_k
+from . import rmsnorm as rmsnorm_k
+from . import rope as rope_k
+from .launch import cu_seqlens_table, grid_table, is_device_array, item_table
 
 
 class NumbaBackend:

@@ -8,7 +8,7 @@ blocks), but every index, bound, fragment layout, pipeline wait and softmax step
 kernels runs and is compared with the NumPy reference. What it cannot show: speed, registers,
 races the barriers do not order, and the device's exact transcendental functions.
 
-This module mirrors `moonvit_kernels.cupy_kernels` (same function names and arguments, NumPy
+This module mirrors `moonvit_kernels.cuda_backend.launchers` (same function names and arguments, NumPy
 arrays instead of CuPy, bf16 as uint16 bits), so `CupyBackend(..., kernels=emulation)` runs the
 whole backend on the CPU. Launch geometry lives in `driver.cpp` and matches the CuPy launchers.
 """
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from moonvit_kernels.cupy_kernels import cu_seqlens_int32, merge_sources, token_positions  # noqa: F401  (same tables)
-from moonvit_kernels.kernels import cuda as kcuda
+from moonvit_kernels.cuda_backend import sources as kcuda
+from moonvit_kernels.cuda_backend.launchers import cu_seqlens_int32, merge_sources, token_positions  # noqa: F401  (same tables)
 from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
 
 HERE = Path(__file__).resolve().parent
@@ -101,7 +101,7 @@ def library() -> ctypes.CDLL:
     return ctypes.CDLL(str(lib_path))
 
 
-# ============================================================================ the cupy_kernels API on NumPy
+# ============================================================================ the launchers API on NumPy
 def array_module() -> Any:
     return np
 
@@ -139,7 +139,7 @@ _i = ctypes.c_int
 
 
 def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32"):
-    """cupy_kernels.gemm on the emulator."""
+    """launchers.gemm on the emulator."""
     a_dt, b_dt = _name(a), _name(b)
     assert a_dt == b_dt and a.shape[1] == b.shape[1]
     M, K = a.shape
@@ -169,7 +169,7 @@ def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32")
 
 
 def rmsnorm(x, weight, eps, *, out=None, out_dtype="float32", return_rstd=False):
-    """cupy_kernels.rmsnorm on the emulator."""
+    """launchers.rmsnorm on the emulator."""
     rows, D = x.shape
     if out is None:
         out = _empty((rows, D), out_dtype)
@@ -190,7 +190,7 @@ def rmsnorm(x, weight, eps, *, out=None, out_dtype="float32", return_rstd=False)
 
 
 def rope_inplace(qkv, token_pos, freqs, num_heads, head_dim):
-    """cupy_kernels.rope_inplace on the emulator."""
+    """launchers.rope_inplace on the emulator."""
     tp = np.ascontiguousarray(token_pos, dtype=np.int32)
     f = np.ascontiguousarray(freqs, dtype=np.float32)
     library().emu_rope(
@@ -200,7 +200,7 @@ def rope_inplace(qkv, token_pos, freqs, num_heads, head_dim):
 
 
 def attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
-    """cupy_kernels.attention on the emulator (head_dim in HEAD_DIMS); reads cu_seqlens_device when given."""
+    """launchers.attention on the emulator (head_dim in HEAD_DIMS); reads cu_seqlens_device when given."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"the emulator is built for head dims {HEAD_DIMS}, not {head_dim}")
     dt = _name(qkv)
@@ -224,7 +224,7 @@ def attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
 
 
 def add_position_embedding_inplace(x, token_pos, grid_thws, pos_weight, time_table, mode):
-    """cupy_kernels.add_position_embedding_inplace on the emulator."""
+    """launchers.add_position_embedding_inplace on the emulator."""
     tp = np.ascontiguousarray(token_pos, dtype=np.int32)
     g = np.ascontiguousarray(grid_thws, dtype=np.int32)
     pw = np.ascontiguousarray(pos_weight, dtype=np.float32)
@@ -245,7 +245,7 @@ def add_position_embedding_inplace(x, token_pos, grid_thws, pos_weight, time_tab
 
 
 def tpool_merge(x, merge_src, merge_kernel_size, out_dtype="float32"):
-    """cupy_kernels.tpool_merge on the emulator."""
+    """launchers.tpool_merge on the emulator."""
     kh, kw = merge_kernel_size
     ms = np.ascontiguousarray(merge_src, dtype=np.int32)
     M, D = ms.shape[0], x.shape[1]

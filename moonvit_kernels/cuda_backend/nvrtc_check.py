@@ -1,8 +1,8 @@
 """The compile tier: build every CUDA C kernel with NVRTC for real GPU architectures, no GPU needed.
 
-    python -m moonvit_kernels.nvrtc_check [--arch sm_90 ...] [--head-dims 128 24 ...]
+    python -m moonvit_kernels.cuda_backend.nvrtc_check [--arch sm_90 ...] [--head-dims 128 24 ...]
 
-Each `.cu` file in `moonvit_kernels/kernels/cuda` is compiled to a cubin by NVRTC from the pip
+Each `.cu` file in `moonvit_kernels/cuda_backend` is compiled to a cubin by NVRTC from the pip
 wheels (`cuda-bindings` + `nvidia-cuda-nvrtc`, headers from `nvidia-cuda-runtime`) with the same
 source text, options and template instantiations the CuPy launchers use, plus:
 `-Werror=all-warnings` (front-end warnings fail the build) and `-Xptxas=-v,--warn-on-spills`
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from .kernels import cuda as kcuda
+from . import sources as kcuda
 
 ARCHS = ("sm_80", "sm_90")
 # Shared memory one block may use after opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
@@ -232,7 +232,9 @@ def format_table(reports: Sequence[KernelReport]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the table; exit status 1 when any kernel fails its limits."""
-    p = argparse.ArgumentParser(prog="python -m moonvit_kernels.nvrtc_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m moonvit_kernels.cuda_backend.nvrtc_check", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--arch", nargs="+", default=list(ARCHS), help="GPU architectures (default: sm_80 sm_90)")
     p.add_argument("--head-dims", nargs="+", type=int, default=list(DEFAULT_HEAD_DIMS), help="attention head dims")
     p.add_argument("--workers", type=int, default=2, help="parallel NVRTC processes")

@@ -1,4 +1,4 @@
-"""Python launchers for the CUDA C kernels in `moonvit_kernels/kernels/cuda`, through CuPy.
+"""Python launchers for the CUDA C kernels in `moonvit_kernels/cuda_backend`, through CuPy.
 
 Every launcher checks what CuPy does not (dtype, C-contiguity, shapes, alignment) and raises a
 ValueError naming the problem, then casts every scalar argument explicitly (np.int32 / np.float32:
@@ -11,7 +11,7 @@ tables (`token_positions`, `merge_sources`, `cu_seqlens_int32`) need only NumPy.
 
 Modules are compiled by NVRTC on first use (`cupy.RawModule`, template kernels through
 `name_expressions`) with the same source text and options as the compile check
-(`moonvit_kernels.nvrtc_check`), and cached by CuPy on disk.
+(`moonvit_kernels.cuda_backend.nvrtc_check`), and cached by CuPy on disk.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import cuda as kcuda
+from . import sources as kcuda
 
 FLOAT32 = "float32"
 BFLOAT16 = "bfloat16"

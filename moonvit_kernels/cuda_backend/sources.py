@@ -1,7 +1,7 @@
 """The CUDA C kernels (`*.cu` beside this file) and the one catalogue of what is built from them.
 
-Both the CuPy launchers (`moonvit_kernels.cupy_kernels`) and the GPU-less compile check
-(`moonvit_kernels.nvrtc_check`) read this module, so they compile the same text with the same
+Both the CuPy launchers (`moonvit_kernels.cuda_backend.launchers`) and the GPU-less compile check
+(`moonvit_kernels.cuda_backend.nvrtc_check`) read this module, so they compile the same text with the same
 options and the same template instantiations:
 
 - `load_source(name)` returns a `.cu` file with its local `#include "x.cuh"` headers inlined (CuPy
@@ -12,8 +12,8 @@ options and the same template instantiations:
 
 Every file needs sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async); the GPU tier targets sm_90.
 
-Three ways to exercise them: on a GPU through CuPy (`cupy_kernels`, tests/test_cupy_gpu.py);
-compiled for sm_80/sm_90 without a GPU (`python -m moonvit_kernels.nvrtc_check`,
+Three ways to exercise them: on a GPU through CuPy (`launchers`, tests/test_cupy_gpu.py);
+compiled for sm_80/sm_90 without a GPU (`python -m moonvit_kernels.cuda_backend.nvrtc_check`,
 tests/test_nvrtc_compile.py); run on the CPU by the emulator in `emulation/` (the same `.cu`
 files through g++, tests/test_cuda_emulation.py).
 """

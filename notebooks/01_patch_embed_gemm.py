@@ -1,0 +1,336 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 — Patch embedding is one GEMM; the GEMM ladder v1 → v3
+#
+# **What the source does.** MoonViT's patch embedding is a `Conv2d(3, D, kernel_size=p, stride=p,
+# bias=False)`. But its input is not an image: the processor has already cut the image into
+# `p×p` patches, `pixel_values [L, 3, p, p]`. A `p×p` kernel with stride `p` on a `p×p` input has
+# exactly one output position, so each output is one dot product of the whole patch with one filter:
+#
+# `x[l, d] = Σ_{c, ky, kx} pixel_values[l, c, ky, kx] · W[d, c, ky, kx]`
+#
+# — a matrix product `x = P · Wᵀ` with `P = pixel_values.reshape(L, 3·p·p)` and
+# `W.reshape(D, 3·p·p)`, both flattened in the order `(c, ky, kx)` (docs/model.md, stage 1). Every linear
+# layer of the encoder (`wqkv`, `wo`, `fc0`, `fc1`) and the projector is the same product `A · Bᵀ`
+# with the weight in its checkpoint layout `[out, in]`, so this one kernel does most of the model's
+# FLOPs. This notebook: the convolution → GEMM step, checked numerically; the NumPy reference;
+# three kernels, each changing one thing; checks against NumPy; where the error lands; speed.
+
+# %%
+# Without a GPU, numba.cuda runs on its CPU simulator; the switch must be set before numba is imported.
+# Figures (matplotlib Figure objects returned by moonvit_kernels.plots) are drawn inline.
+# %matplotlib inline
+from moonvit_kernels.device import gpu_available, simulator_enabled, use_simulator_without_gpu, where
+
+use_simulator_without_gpu()
+
+import inspect
+import time
+
+import numpy as np
+from IPython.display import Markdown, display
+from numba import cuda
+
+from moonvit_kernels import reference
+from moonvit_kernels.bundled import DATA_DIR as DATA  # the bundled files, from any working directory
+from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.numba_backend import gemm as gemm_module
+from moonvit_kernels.numba_backend.gemm import gemm
+from moonvit_kernels.plots import error_heatmap, markdown_table, median_seconds, plot_timings
+from moonvit_kernels.weights import load_checkpoint, random_weights
+
+rng = np.random.default_rng(0)
+
+print(f"kernels run on: {where()}")
+
+# %% [markdown]
+# ## Sizes: real on a GPU, tiny on the simulator
+#
+# The simulator runs one Python thread per CUDA thread, so there the notebook uses the bundled tiny
+# checkpoint (80 patches of 4×4, `D = 32`: a `[80, 48] · [32, 48]ᵀ` product). On a GPU it uses the
+# K3 shapes: one 896×896 image, `[4096, 588] · [1024, 588]ᵀ`, with random weights.
+
+# %%
+if gpu_available() and not simulator_enabled():
+    config = VisionConfig.k3()
+    weights = random_weights(config.replace(vt_num_hidden_layers=0), seed=0)  # no encoder blocks needed
+    L = 64 * 64
+    pixel_values = rng.standard_normal((L, 3, config.patch_size, config.patch_size)).astype(np.float32)
+else:
+    config, weights = load_checkpoint(DATA / "tiny")
+    pixel_values = np.load(DATA / "tiny" / "inputs.npz")["pixel_values"]
+    L = pixel_values.shape[0]
+W = weights["vision_tower.patch_embed.proj.weight"]  # [D, 3, p, p]
+D, p = W.shape[0], config.patch_size
+print(f"{where()}: L = {L} patches of 3×{p}×{p}, D = {D}: a [{L}, {3 * p * p}] · [{D}, {3 * p * p}]ᵀ GEMM")
+
+
+# %% [markdown]
+# ## A convolution with stride = kernel = input size is a matrix product
+#
+# A literal convolution, written out as loops (a few patches and filters only: it is slow), against the
+# reshape-and-multiply of the reference:
+
+
+# %%
+def conv2d_stride_p(patches, weight):
+    """Conv2d(kernel=p, stride=p, no padding, no bias), one loop per index; out [n, D, 1, 1]."""
+    n, C, H, Wd = patches.shape
+    Dout, _, kh, kw = weight.shape
+    out_h, out_w = (H - kh) // kh + 1, (Wd - kw) // kw + 1  # = 1 × 1 here
+    out = np.zeros((n, Dout, out_h, out_w))
+    for i in range(n):
+        for d in range(Dout):
+            for oy in range(out_h):
+                for ox in range(out_w):
+                    for c in range(C):
+                        for ky in range(kh):
+                            for kx in range(kw):
+                                out[i, d, oy, ox] += patches[i, c, oy * kh + ky, ox * kw + kx] * weight[d, c, ky, kx]
+    return out
+
+
+few = pixel_values[:3].astype(np.float64)
+conv = conv2d_stride_p(few, W[:5].astype(np.float64))
+as_gemm = reference.patch_embed(few, W[:5].astype(np.float64))
+print("conv output shape", conv.shape, "-> squeeze to", conv[:, :, 0, 0].shape)
+print("max |conv − GEMM| =", np.abs(conv[:, :, 0, 0] - as_gemm).max())
+assert np.allclose(conv[:, :, 0, 0], as_gemm, rtol=1e-12, atol=1e-12)
+
+# %% [markdown]
+# **Pitfall: the flattening order.** Both operands must be flattened the same way. The checkpoint's
+# weight is `[D, 3, p, p]` (channel first) and the processor's patches are `[L, 3, p, p]`, so a plain
+# reshape of both works. Flattening the patches channel-last (`[p, p, 3]`, how images are stored)
+# while keeping the weight channel-first silently mixes up pixels:
+
+# %%
+hwc = pixel_values.transpose(0, 2, 3, 1).reshape(L, -1)  # patches flattened (ky, kx, c)
+wrong = hwc @ W.reshape(D, -1).T
+right = reference.patch_embed(pixel_values, W)
+print(f"relative error of the channel-last flattening: {np.abs(wrong - right).max() / np.abs(right).max():.2f}")
+
+# %% [markdown]
+# ## The NumPy reference
+#
+# `reference.patch_embed(pixel_values, proj_weight)` is the two reshapes and `@`. Computed in float64
+# it is the oracle every kernel is compared with.
+
+# %%
+A = np.ascontiguousarray(pixel_values.reshape(L, -1), dtype=np.float32)  # [M, K]
+B = np.ascontiguousarray(W.reshape(D, -1), dtype=np.float32)  # [N, K]
+M, K = A.shape
+N = B.shape[0]
+ref64 = reference.patch_embed(pixel_values.astype(np.float64), W.astype(np.float64))
+print(inspect.getsource(reference.patch_embed))
+
+# %% [markdown]
+# ## The kernels: `moonvit_kernels/kernels/gemm.py`
+#
+# The module keeps every version (as in llm.c's `dev/cuda/` and siboehm's SGEMM walk); each changes
+# one thing. All compute `C[M, N] = A[M, K] · B[N, K]ᵀ` in float32 and bounds-check M, N, K, so no size
+# has to be a tile multiple (80 × 32 × 48 here on the simulator; 588 is not a multiple of 16 either).
+#
+# | version | idea | why it is faster |
+# |---|---|---|
+# | v1 | one thread per output `C[m, n]`, a K-loop over global memory | — the baseline: each A value is read N times from DRAM/L2 |
+# | v2 | a 16×16 block stages 16-wide slabs of A and B in **shared memory** | each global load is reused 16 times; `+1` column of padding avoids bank conflicts |
+# | v3 | **register blocking**: a block owns 64×64 outputs, each thread 4×4 | per k-step a thread loads 4 + 4 values and does 16 FMAs: more math per load |
+#
+# Here is v1 in full — read it next to the formula above; then open the module for v2 and v3:
+
+# %%
+print(gemm_module.__doc__.split("Epilogues")[0])
+print(inspect.getsource(gemm_module._make_gemm_v1))
+
+# %% [markdown]
+# The launcher `gemm(a, b, epilogue="none", residual=None, out=None, version=3)` checks every argument
+# (dtype float32, 2-D, C-contiguous, matching K) and raises a `ValueError` naming the problem —
+# numba itself checks nothing at launch. It returns a device array.
+
+# %%
+try:
+    gemm(A, B[:, :-1])
+except ValueError as e:
+    print("ValueError:", e)
+try:
+    gemm(A.astype(np.float64), B)
+except ValueError as e:
+    print("ValueError:", e)
+
+# %% [markdown]
+# ## Check every version against NumPy
+#
+# Two cases: the patch embedding itself, and a random product of awkward sizes (no dimension a multiple
+# of any tile) where edge handling is tested. The tolerance for an fp32 dot product of length K is a
+# small multiple of `eps·√K` relative to the size of the terms (GUIDE.md): the bound below is
+# `8·eps·√K · (|A|·|B|ᵀ)`, elementwise. NaN or Inf fails.
+
+# %%
+FP32_EPS = float(np.finfo(np.float32).eps)
+m2, n2, k2 = (37, 33, 45) if simulator_enabled() else (1001, 999, 1027)
+cases = {
+    "patch embed": (A, B, ref64),
+    "awkward random": (
+        a2 := rng.standard_normal((m2, k2)).astype(np.float32),
+        b2 := rng.standard_normal((n2, k2)).astype(np.float32),
+        a2.astype(np.float64) @ b2.astype(np.float64).T,
+    ),
+}
+results, first_run_seconds, rows = {}, {}, []
+for case, (a, b, want) in cases.items():
+    bound = 8 * FP32_EPS * np.sqrt(a.shape[1]) * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T)
+    a_d, b_d = cuda.to_device(a), cuda.to_device(b)
+    for version in gemm_module.VERSIONS:
+        start = time.perf_counter()
+        out_d = gemm(a_d, b_d, version=version)
+        cuda.synchronize()
+        first_run_seconds[case, version] = time.perf_counter() - start
+        got = results[case, version] = out_d.copy_to_host()
+        err = np.abs(got - want)
+        assert np.all(np.isfinite(got)), f"{case} v{version}: NaN/Inf"
+        assert np.all(err <= bound), f"{case} v{version}: max error {err.max():.3e} beyond the bound"
+        blocks, threads = gemm_module.launch_config(version, *got.shape)
+        rows.append([case, str(a.shape), f"v{version}", f"{blocks} × {threads}", err.max(), (err / bound).max()])
+header = ["case", "A", "kernel", "blocks × threads", "max abs error", "error / bound"]
+display(Markdown(markdown_table(header, rows)))
+
+# %% [markdown]
+# The same kernels carry the *epilogues* the encoder needs, fused into the store so the output is
+# written once: `gelu_tanh` (MLP `fc0`), `gelu_erf` (projector — the two GELUs differ on purpose, a
+# pitfall of other ports), and `residual` (`x + o·woᵀ`, `x + fc1(·)`). Checked on an awkward small
+# shape:
+
+# %%
+m, n, k = 7, 33, 24
+a = rng.standard_normal((m, k)).astype(np.float32)
+b = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+r = rng.standard_normal((m, n)).astype(np.float32)
+prod = a.astype(np.float64) @ b.astype(np.float64).T
+expected = {
+    "gelu_tanh": reference.gelu_tanh(prod),
+    "gelu_erf": reference.gelu_erf(prod),
+    "residual": prod + r,
+}
+for epilogue, want in expected.items():
+    got = gemm(a, b, epilogue=epilogue, residual=r if epilogue == "residual" else None).copy_to_host()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=epilogue)
+    print(f"{epilogue:9s} max error {np.abs(got - want).max():.2e}")
+tanh_vs_erf = np.abs(expected["gelu_tanh"] - expected["gelu_erf"]).max()
+print(f"and the two GELUs differ by up to {tanh_vs_erf:.1e} on these values: swapping them is a real bug")
+
+# %% [markdown]
+# ## Pictures: where does the error land?
+#
+# The error of v3 against the float64 reference, per output. It is rounding noise spread over the whole
+# matrix — an indexing bug (a wrong tile edge, a swapped operand) would show up as stripes or blocks.
+
+# %%
+error_heatmap(results["patch embed", 3], ref64, title=f"gemm v3, [{M}, {K}] · [{N}, {K}]ᵀ")
+
+# %% [markdown]
+# And what a real bug looks like: a kernel that drops the last partial K-tile (a classic when K is not a
+# multiple of the tile) — simulated with NumPy on the awkward case by ignoring the last `K mod 16`
+# columns. Every output is wrong, by an amount that depends on its row and column: a test on sizes that
+# are tile multiples would never see it.
+
+# %%
+a, b, want = cases["awkward random"]
+k_full = (k2 // 16) * 16
+buggy = a[:, :k_full].astype(np.float64) @ b[:, :k_full].astype(np.float64).T
+print(f"K = {k2}: the last {k2 - k_full} columns dropped")
+error_heatmap(buggy, want, title="dropping the last partial K tile")
+
+# %% [markdown]
+# ## FLOPs and time
+#
+# A GEMM does `2·M·N·K` FLOPs. On the simulator the times measure Python threads, not a GPU — they are
+# printed (labelled with where they ran) only to show the machinery; no GPU number exists there. On a
+# GPU each kernel is timed after a warm-up, and compared with cuBLAS (through CuPy) when CuPy is
+# installed.
+
+# %%
+flops = 2 * M * N * K
+on_gpu = gpu_available() and not simulator_enabled()
+repeat, warmup = 20, 2
+seconds = {}
+A_d, B_d = cuda.to_device(A), cuda.to_device(B)
+for version in gemm_module.VERSIONS:
+    if on_gpu:
+        t = median_seconds(lambda v=version: gemm(A_d, B_d, version=v), repeat, warmup, cuda.synchronize)
+        seconds[f"numba v{version}"] = t["median"]
+    else:  # the simulator is far too slow to repeat: reuse the one run of the check above
+        seconds[f"numba v{version}"] = first_run_seconds["patch embed", version]
+cublas_note = "no GPU here, so no cuBLAS number exists"
+if on_gpu:
+    try:
+        import cupy as cp
+
+        A_cp, B_cp = cp.asarray(A), cp.asarray(B)
+        t = median_seconds(lambda: A_cp @ B_cp.T, repeat, warmup, cp.cuda.Device().synchronize)
+        seconds["cuBLAS (cupy.matmul)"] = t["median"]
+        cublas_note = "% of cuBLAS = cuBLAS time / kernel time"
+    except ImportError:
+        cublas_note = "CuPy is not installed: no cuBLAS number (pip install -e '.[cuda13]')"
+rows = []
+for name, sec in seconds.items():
+    share = f"{seconds['cuBLAS (cupy.matmul)'] / sec:.0%}" if "cuBLAS (cupy.matmul)" in seconds else "—"
+    rows.append([name, sec * 1e3, flops / sec / 1e12, share])
+print(f"{where()}: M = {M}, N = {N}, K = {K}, 2·M·N·K = {flops:,} FLOP; {cublas_note}")
+display(Markdown(markdown_table(["kernel", "ms", "TFLOP/s", "% of cuBLAS"], rows)))
+
+# %%
+plot_timings(seconds, where(), title=f"GEMM [{M}, {K}] · [{N}, {K}]ᵀ")
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise cell holds a worked answer; replace it with your own and rerun — the `assert` checks it.
+#
+# **1.** The processor gave you patches flattened channel-last, `hwc = pixel_values.transpose(0, 2, 3, 1)`.
+# Rearrange the **weight** (not the patches) so that one GEMM still gives the right embedding.
+
+# %%
+hwc = np.ascontiguousarray(pixel_values.transpose(0, 2, 3, 1).reshape(L, -1))
+W_hwc = np.ascontiguousarray(W.transpose(0, 2, 3, 1).reshape(D, -1))  # worked answer
+
+got = gemm(hwc, W_hwc).copy_to_host()
+np.testing.assert_allclose(got, ref64, rtol=1e-4, atol=1e-4)
+print("channel-last patches × channel-last weight = the embedding")
+
+# %% [markdown]
+# **2.** How many times is each element of `A` read from global memory by v1, and by v2 (tile 16)?
+# (v1: every thread of output row m reads all of row m of A; v2: once per block column.)
+
+# %%
+reads_v1 = N  # worked answer: one read per output column
+reads_v2 = -(-N // gemm_module.TILE)  # once per 16-wide block of columns
+
+(blocks_x, _), _ = gemm_module.launch_config(2, M, N)
+assert reads_v1 == N and reads_v2 == blocks_x
+print(f"A is read {reads_v1}× by v1 and {reads_v2}× by v2 (N = {N})")
+
+# %% [markdown]
+# **3.** The FLOPs of K3's patch embedding for one 896×896 image, as `2·M·N·K` with the right sizes.
+
+# %%
+k3 = VisionConfig.k3()
+patch_flops_answer = 2 * (64 * 64) * k3.vt_hidden_size * (3 * 14 * 14)  # worked answer
+
+from moonvit_kernels.plots import flop_table
+
+assert patch_flops_answer == flop_table(k3, [[1, 64, 64]])[0].count
+print(f"{patch_flops_answer / 1e9:.2f} GFLOP — under 0.1% of the tower: the encoder GEMMs dominate")

@@ -1,0 +1,272 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 — RMSNorm: a row reduction, and why `eps` matters
+#
+# **What the source does.** Every encoder block normalises its input twice (`norm0` before attention,
+# `norm1` before the MLP), the tower ends with `final_layernorm`, and the projector ends with
+# `post_norm`. All four are RMSNorm (SPEC.md, stage 3):
+#
+# `rmsnorm(x, g) = x · rsqrt(mean(x², over the row) + eps) · g`, computed in float32.
+#
+# No `eps` is passed in the source, so PyTorch's default applies — and that default **changed**:
+# current torch uses `finfo(float32).eps = 1.19e-7` even for bf16 inputs, older torch used
+# `finfo(bfloat16).eps = 2⁻⁷ ≈ 0.0078`. Ports that copied the older behaviour differ on rows of small
+# magnitude. Here eps is the config field `vit_norm_eps` (default 1.19e-7); the projector's norm uses
+# `projector_ln_eps = 1e-5` — a third value, another pitfall.
+#
+# On a GPU this is a *memory-bound* kernel: it reads each element once and writes it once, with a
+# reduction in between. Its design is one thread block per row.
+
+# %%
+# Without a GPU, numba.cuda runs on its CPU simulator; the switch must be set before numba is imported.
+# Figures (matplotlib Figure objects returned by moonvit_kernels.viz*) are drawn inline.
+# %matplotlib inline
+from moonvit_kernels.device import gpu_available, simulator_enabled, use_simulator_without_gpu, where
+
+use_simulator_without_gpu()
+
+import inspect
+import time
+from pathlib import Path
+
+import numpy as np
+from IPython.display import Markdown, display
+from moonvit_kernels.viz import error_heatmap
+from moonvit_kernels.viz_stages import (
+    markdown_table,
+    median_seconds,
+    plot_eps_effect,
+    plot_timings,
+    rmsnorm_output_rms,
+)
+from numba import cuda
+
+from moonvit_kernels import reference
+from moonvit_kernels.config import FP32_EPS, VisionConfig
+from moonvit_kernels.numba_backend import rmsnorm as rmsnorm_module
+from moonvit_kernels.numba_backend.rmsnorm import rmsnorm
+from moonvit_kernels.weights import load_checkpoint
+
+DATA = Path("..") / "data"
+rng = np.random.default_rng(0)
+on_gpu = gpu_available() and not simulator_enabled()
+
+print(f"kernels run on: {where()}")
+
+# %% [markdown]
+# ## Sizes
+#
+# On a GPU: the K3 shape, 4096 tokens × `D = 1024`. On the simulator the kernel's tree reduction runs
+# one Python thread per CUDA thread with a barrier per step, so rows are few and short — and awkward
+# (1, 7 and 13 rows; widths that are no power of two).
+
+# %%
+if on_gpu:
+    shapes = [(1, 1000), (7, 1024), (33, 1000), (4096, 1024)]
+else:
+    shapes = [(1, 24), (7, 37), (13, 40)]
+print(f"{where()}: shapes {shapes}")
+
+# %% [markdown]
+# ## The NumPy reference
+#
+# `reference.rmsnorm(x, weight, eps, return_rstd=True)` also returns the per-row
+# `rstd = rsqrt(mean(x²) + eps)` — a side output kept by kernels (a backward pass needs it), and
+# checked here too (GUIDE.md: check side outputs where they exist).
+
+# %%
+print(inspect.getsource(reference.rmsnorm))
+
+# %% [markdown]
+# ## The kernel: `moonvit_kernels/kernels/rmsnorm.py`
+#
+# One block per row, in three steps:
+#
+# 1. each thread sums the squares of a strided subset of the row (`j = tid, tid + THREADS, …`);
+# 2. the block adds its partial sums by a **tree reduction** in shared memory — half the threads add
+#    the other half's values, `syncthreads`, repeat: `log2(THREADS)` steps. (On a GPU one would finish
+#    the last 32 with warp shuffles; the simulator lacks them, so this kernel uses shared memory only);
+# 3. every thread scales its columns by `rstd · weight[j]`.
+#
+# The block size is a power of two baked into each compiled specialisation:
+
+# %%
+print(inspect.getsource(rmsnorm_module.kernel_for))
+
+# %% [markdown]
+# ## Check against NumPy — output and rstd
+#
+# Random rows with a different scale each (never ones: a kernel that forgot to divide by `cols` passes on
+# ones-like data of the right size) and a random weight. Tolerance: an fp32 sum of `cols` squares,
+# so `8·eps·√cols` relative.
+
+# %%
+config = VisionConfig.k3()
+eps = config.vit_norm_eps
+rows_table, checked = [], {}
+for rows, cols in shapes:
+    x = (rng.standard_normal((rows, cols)) * rng.uniform(0.1, 3.0, (rows, 1))).astype(np.float32)
+    w = (1 + 0.25 * rng.standard_normal(cols)).astype(np.float32)
+    start = time.perf_counter()
+    out_d, rstd_d = rmsnorm(x, w, eps, return_rstd=True)
+    out, rstd = out_d.copy_to_host(), rstd_d.copy_to_host()
+    seconds = time.perf_counter() - start
+    want, want_rstd = reference.rmsnorm(x.astype(np.float64), w.astype(np.float64), eps, return_rstd=True)
+    rtol = 8 * FP32_EPS * np.sqrt(cols)
+    np.testing.assert_allclose(out, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg="out")
+    np.testing.assert_allclose(rstd, want_rstd, rtol=rtol, err_msg="rstd")
+    checked[rows, cols] = (x, w, out, want)
+    rel = np.abs(out - want).max() / np.abs(want).max()
+    rows_table.append(
+        [
+            f"{rows} × {cols}",
+            rmsnorm_module.threads_for(cols),
+            rel,
+            (np.abs(rstd - want_rstd) / want_rstd).max(),
+            seconds * 1e3,
+        ]
+    )
+header = ["x", "threads/block", "out rel. error", "rstd rel. error", "ms (first call)"]
+display(Markdown(markdown_table(header, rows_table)))
+
+# %% [markdown]
+# The launcher also computes in place (`out=x`) — each thread reads its columns before writing them,
+# after the barrier that ends the reduction — and rejects bad input with a `ValueError`:
+
+# %%
+x, w, _, want = checked[shapes[1]]
+x_d = cuda.to_device(x)
+rmsnorm(x_d, w, eps, out=x_d)
+np.testing.assert_allclose(x_d.copy_to_host(), want, rtol=1e-5, atol=1e-6)
+print("in place: ok")
+for bad in (lambda: rmsnorm(x, w[:-1], eps), lambda: rmsnorm(x, w, -1.0), lambda: rmsnorm(x.T, w, eps)):
+    try:
+        bad()
+    except ValueError as e:
+        print("ValueError:", e)
+
+# %%
+x, w, out, want = checked[shapes[-1]]
+error_heatmap(out, want, title=f"rmsnorm kernel vs float64, {x.shape[0]} × {x.shape[1]}")
+
+# %% [markdown]
+# ## Pictures: why eps matters
+#
+# For a row of RMS `r` and weight 1 the output has RMS `r / √(r² + eps)`: 1 when `r ≫ √eps`, shrinking
+# towards 0 when `r` approaches `√eps`. With the fp32 eps that threshold is `3.5e-4`; with `2⁻⁷` it is
+# `0.088` — inside the range of real activations. The curves are `viz_stages.rmsnorm_output_rms`; the
+# dots are the **kernel** run on random rows of chosen RMS, once with each eps.
+
+# %%
+eps_values = {"fp32 eps (current torch)": FP32_EPS, "2⁻⁷ (bf16 eps, older torch)": 2.0**-7}
+row_rms = np.logspace(-4.5, 0.5, 10 if not on_gpu else 40)
+cols = 32
+x = rng.standard_normal((len(row_rms), cols))
+x = (x * (row_rms / np.sqrt(np.mean(x**2, axis=1)))[:, None]).astype(np.float32)
+ones = np.ones(cols, dtype=np.float32)
+measured = {}
+for label, e in eps_values.items():
+    y = rmsnorm(x, ones, e).copy_to_host()
+    got = np.sqrt(np.mean(y.astype(np.float64) ** 2, axis=1))
+    np.testing.assert_allclose(got, rmsnorm_output_rms(row_rms, e), rtol=1e-4)
+    measured[f"kernel, {label.split(' (')[0]}"] = (row_rms, got)
+plot_eps_effect(eps_values, measured=measured)
+
+# %% [markdown]
+# Does it matter for the model? Run the bundled tiny checkpoint with both eps values and compare the
+# outputs. (Its activations are of order 1, so the effect is modest there; real activations of
+# low-variance tokens — flat image regions — sit closer to the threshold.)
+
+# %%
+tiny, weights = load_checkpoint(DATA / "tiny")
+inputs = np.load(DATA / "tiny" / "inputs.npz")
+pv, grid = inputs["pixel_values"], inputs["grid_thws"]
+runs = {
+    e: np.concatenate(reference.vision_forward(pv, grid, weights, tiny.replace(vit_norm_eps=e)))
+    for e in eps_values.values()
+}
+a, b = runs.values()
+print(f"tiny model output, eps 2⁻⁷ vs fp32 eps: max |Δ| / max |out| = {np.abs(a - b).max() / np.abs(a).max():.2e}")
+print("(for scale: one bfloat16 rounding is up to 2⁻⁸ = 3.9e-03 relative, one fp32 rounding 2⁻²⁴ = 6.0e-08)")
+
+# %% [markdown]
+# ## Speed
+#
+# RMSNorm moves `2·rows·cols·4` bytes (read x, write out) and does almost no maths, so its yardstick is
+# memory bandwidth (GB/s), not FLOP/s; on a GPU the baseline is a device-to-device copy of the same
+# bytes. On the simulator the times measure Python threads, and no GPU number exists.
+
+# %%
+rows, cols = shapes[-1]
+x = rng.standard_normal((rows, cols)).astype(np.float32)
+w = rng.standard_normal(cols).astype(np.float32)
+x_d, w_d, o_d = cuda.to_device(x), cuda.to_device(w), cuda.device_array_like(x)
+repeat, warmup = (50, 3) if on_gpu else (1, 0)
+seconds = {
+    "rmsnorm kernel": median_seconds(lambda: rmsnorm(x_d, w_d, eps, out=o_d), repeat, warmup, cuda.synchronize)[
+        "median"
+    ]
+}
+if on_gpu:
+    seconds["device-to-device copy"] = median_seconds(
+        lambda: o_d.copy_to_device(x_d), repeat, warmup, cuda.synchronize
+    )["median"]
+moved = 2 * rows * cols * 4
+for name, sec in seconds.items():
+    print(f"{where()}: {name:22s} {sec * 1e3:9.3f} ms  {moved / sec / 1e9:9.3f} GB/s  ({moved:,} bytes moved)")
+plot_timings(seconds, where(), title=f"RMSNorm {rows} × {cols}")
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise cell holds a worked answer; replace it with your own and rerun — the `assert` checks it.
+#
+# **1.** Below which row RMS does the fp32 eps shrink a row's output RMS by more than 1%?
+# (Solve `r / √(r² + eps) = 0.99` for `r`.)
+
+# %%
+r_answer = np.sqrt(FP32_EPS * 0.99**2 / (1 - 0.99**2))  # worked answer
+
+assert np.isclose(rmsnorm_output_rms(r_answer, FP32_EPS), 0.99)
+r_bf16 = np.sqrt(2**-7 * 0.99**2 / (1 - 0.99**2))
+print(f"rows with RMS below {r_answer:.2e} lose more than 1% (with eps = 2⁻⁷: below {r_bf16:.2f})")
+
+# %% [markdown]
+# **2.** The kernel returns `rstd` per row. Recover each row's mean square `mean(x²)` from it.
+
+# %%
+x, w, _, _ = checked[shapes[1]]
+_, rstd_d = rmsnorm(x, w, eps, return_rstd=True)
+rstd = rstd_d.copy_to_host().astype(np.float64)
+mean_square_answer = 1 / rstd**2 - eps  # worked answer
+
+np.testing.assert_allclose(mean_square_answer, np.mean(x.astype(np.float64) ** 2, axis=1), rtol=1e-5)
+print(mean_square_answer)
+
+# %% [markdown]
+# **3.** Use the kernel for the projector's final norm (`mm_projector.post_norm`) of the tiny checkpoint.
+# Which eps? The projector output must match `reference.projector`.
+
+# %%
+_, stages = reference.vision_forward(pv, grid, weights, tiny, return_intermediates=True)
+h = stages["merged"] @ weights["mm_projector.proj.0.weight"].T
+h = np.ascontiguousarray(reference.gelu_erf(h) @ weights["mm_projector.proj.2.weight"].T, dtype=np.float32)
+eps_answer = tiny.projector_ln_eps  # worked answer: not vit_norm_eps
+
+got = rmsnorm(h, weights["mm_projector.post_norm.weight"], eps_answer).copy_to_host()
+np.testing.assert_allclose(got, stages["projected"], rtol=1e-4, atol=1e-5)
+print("projector output reproduced with eps =", eps_answer)

@@ -1,0 +1,277 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 — The patch merge and the projector
+#
+# **What the source does.** After the final norm, `tpool_patch_merger` (docs/model.md, stage 5) turns every
+# `kh × kw` (2×2 in K3) block of neighbouring patches into one token, and averages over the frames of a
+# video. For an item `(t, h, w)`: view the tokens as `[t, h/kh, kh, w/kw, kw, D]`, permute to
+# `[t, h/kh, w/kw, kh, kw, D]`, mean over `t` → `[(h/kh)·(w/kw), kh·kw, D]`. So merged token
+# `m = i·(w/kw) + j` holds, in slot `a·kw + b`, source patch `(kh·i + a)·w + (kw·j + b)`.
+#
+# The projector `PatchMergerMLPV2` (stage 6) flattens each merged token slot-major to `kh·kw·D`, then:
+# `Linear(kh·kw·D → kh·kw·D) → GELU (exact erf) → Linear(→ T) → rmsnorm(eps = projector_ln_eps)`.
+# No biases, no pre-norm. The output rows are the image tokens the language model reads.
+#
+# **Pitfalls other ports hit:** wrong merge order (slot order, or rows and columns swapped); the tanh
+# GELU of the encoder used here (the projector's is the exact erf one); the encoder's eps in the final
+# norm. The kernels are one gather (`kernels/merge.py`) and, for the projector, the GEMM and RMSNorm
+# kernels of notebooks 01 and 02 — the erf GELU is a GEMM epilogue.
+
+# %%
+# Without a GPU, numba.cuda runs on its CPU simulator; the switch must be set before numba is imported.
+# Figures (matplotlib Figure objects returned by moonvit_kernels.plots) are drawn inline.
+# %matplotlib inline
+from moonvit_kernels.device import gpu_available, simulator_enabled, use_simulator_without_gpu, where
+
+use_simulator_without_gpu()
+
+import inspect
+
+import numpy as np
+from IPython.display import Markdown, display
+from matplotlib.figure import Figure
+from numba import cuda
+
+from moonvit_kernels import reference
+from moonvit_kernels.bundled import DATA_DIR as DATA  # the bundled files, from any working directory
+from moonvit_kernels.config import FP32_EPS, VisionConfig
+from moonvit_kernels.numba_backend import merge as merge_module
+from moonvit_kernels.numba_backend.gemm import gemm
+from moonvit_kernels.numba_backend.launch import item_table
+from moonvit_kernels.numba_backend.merge import merge_gather
+from moonvit_kernels.numba_backend.rmsnorm import rmsnorm
+from moonvit_kernels.plots import (
+    error_heatmap,
+    flop_table,
+    markdown_table,
+    merge_index_map,
+    merge_index_table,
+    merged_to_grid,
+)
+from moonvit_kernels.weights import load_checkpoint, random_weights
+
+rng = np.random.default_rng(0)
+on_gpu = gpu_available() and not simulator_enabled()
+
+print(f"kernels run on: {where()}")
+
+# %% [markdown]
+# ## Which source patch lands in which merged slot
+#
+# `plots.merge_index_map` runs the reference merge on the patch numbers themselves and shows, for every
+# patch of a 6×8 grid, the merged token it joins (left) and its slot inside it (right): 2×2 squares,
+# numbered row by row; inside each, slots 0 1 / 2 3.
+
+# %%
+merge_index_map(6, 8)
+
+# %% [markdown]
+# ## Sizes
+#
+# On a GPU: K3 (`D = 1024`, `T = 7168`) with random weights, an 896×896 image packed with a 4-frame
+# 448×448 video. On the simulator: the bundled tiny checkpoint (`D = 32`, `T = 40`) and its inputs, a
+# 6×8 image and a 2-frame 4×4 video.
+
+# %%
+if on_gpu:
+    config = VisionConfig.k3()
+    weights = random_weights(config.replace(vt_num_hidden_layers=0), seed=0)  # the projector is what we need
+    grid_thws = np.array([[1, 64, 64], [4, 32, 32]])
+    L = int(np.prod(grid_thws, axis=1).sum())
+    x = rng.standard_normal((L, config.vt_hidden_size)).astype(np.float32)  # stands in for final_norm
+else:
+    config, weights = load_checkpoint(DATA / "tiny")
+    inputs = np.load(DATA / "tiny" / "inputs.npz")
+    grid_thws = inputs["grid_thws"]
+    _, stages = reference.vision_forward(inputs["pixel_values"], grid_thws, weights, config, return_intermediates=True)
+    x = stages["final_norm"]
+L, D = x.shape
+kh, kw = config.merge_kernel_size
+M = int(sum((h // kh) * (w // kw) for _, h, w in grid_thws.tolist()))
+print(f"{where()}: x [{L}, {D}], items {grid_thws.tolist()}")
+print(f"merged [{M}, {kh * kw * D}] -> projected [{M}, {config.text_hidden_size}]")
+
+# %% [markdown]
+# ## The NumPy reference
+
+# %%
+print(inspect.getsource(reference.tpool_patch_merger))
+print(inspect.getsource(reference.projector))
+
+# %% [markdown]
+# ## The merge kernel: `moonvit_kernels/kernels/merge.py`
+#
+# One block per merged token. The block finds its media item in a small int32 table
+# (`launch.item_table`: `t, h, w`, first token, first merged token per item), and each thread owns
+# output columns `slot·D + d`: it sums the `t` frames of the source patch and divides by `t`. The output
+# is already the row-major `[M, kh·kw·D]` input of the projector's first GEMM — no reshape, no copy.
+
+# %%
+items = item_table(grid_thws, (kh, kw))
+print("item table (t, h, w, token_offset, merged_offset):", items.tolist())
+print(inspect.getsource(merge_module.merge_gather_kernel.py_func))
+
+# %% [markdown]
+# ## Check the merge against NumPy
+#
+# A gather and a mean of at most 4 values: the result must match the float64 reference to a few fp32
+# roundings. Random data first (awkward width `D = 5`, an image, a 3-frame video and a tall item), then
+# the model's own `final_norm` tokens.
+
+# %%
+awkward_grid = np.array([[1, 4, 6], [3, 2, 4], [1, 6, 2]])
+xr = rng.standard_normal((int(np.prod(awkward_grid, axis=1).sum()), 5)).astype(np.float32)
+for name, (xs, grid) in {"random, D = 5": (xr, awkward_grid), "final_norm tokens": (x, grid_thws)}.items():
+    got = merge_gather(xs, item_table(grid, (kh, kw)), (kh, kw)).copy_to_host()
+    want = np.concatenate(
+        [m.reshape(m.shape[0], -1) for m in reference.tpool_patch_merger(xs.astype(np.float64), grid, (kh, kw))]
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    print(f"{name:18s} merged {got.shape}: max error {np.abs(got - want).max():.1e}")
+merged = got
+
+# %% [markdown]
+# ## Pictures: the temporal mean and the slot order
+#
+# Feed the kernel "tokens" we can look at: each patch's mean colour (`D = 3`). Laying the merged tokens
+# back on the grid (`plots.merged_to_grid`) must give the image back, and for the video the mean of
+# its frames. A port with rows and columns swapped inside the merged token (slot `b·kh + a` instead of
+# `a·kw + b`) scrambles each 2×2 block:
+
+# %%
+pv = np.load(DATA / "tiny" / "inputs.npz")["pixel_values"]
+tiny_grid = np.array([[1, 6, 8], [2, 4, 4]])
+colours = np.ascontiguousarray(pv.mean(axis=(2, 3)) * 0.5 + 0.5, dtype=np.float32)  # [L, 3] in [0, 1]
+merged_colours = merge_gather(colours, item_table(tiny_grid, (2, 2)), (2, 2)).copy_to_host()
+
+fig = Figure(figsize=(11, 4.6), layout="constrained")
+axes = fig.subplots(2, 4)
+start, m0 = 0, 0
+for row, (t, h, w) in enumerate(tiny_grid.tolist()):
+    frames = colours[start : start + t * h * w].reshape(t, h, w, 3)
+    m = merged_colours[m0 : m0 + (h // 2) * (w // 2)]
+    good = merged_to_grid(m, h, w)
+    swapped = m.reshape(-1, 2, 2, 3).transpose(0, 2, 1, 3).reshape(m.shape)  # slot b·kh + a
+    assert np.allclose(good, frames.mean(axis=0), atol=1e-6)
+    panels = [(f"frame {f}", frames[f]) for f in range(t)] + [("", None)] * (2 - t)
+    panels += [("merged (mean over frames)", good), ("slots transposed: wrong", merged_to_grid(swapped, h, w))]
+    for ax, (title, img) in zip(axes[row], panels, strict=True):
+        ax.set_axis_off()
+        if img is not None:
+            ax.imshow(np.clip(img, 0, 1), interpolation="nearest")
+            ax.set_title(f"item {row}: {title}", fontsize=8)
+    start, m0 = start + t * h * w, m0 + len(m)
+fig
+
+# %% [markdown]
+# ## The projector from kernels
+#
+# `merged @ proj.0ᵀ` with the erf-GELU epilogue, `@ proj.2ᵀ`, then RMSNorm with `projector_ln_eps` — three
+# launches, checked step by step against the reference in float64.
+
+# %%
+merged_d = cuda.to_device(np.ascontiguousarray(merged, dtype=np.float32))
+w0, w2 = weights["mm_projector.proj.0.weight"], weights["mm_projector.proj.2.weight"]
+post = weights["mm_projector.post_norm.weight"]
+h_d = gemm(merged_d, w0, epilogue="gelu_erf")
+y_d = gemm(h_d, w2)
+out = rmsnorm(y_d, post, config.projector_ln_eps).copy_to_host()
+
+m64 = merged.astype(np.float64)
+h64 = reference.gelu_erf(m64 @ w0.astype(np.float64).T)
+y64 = h64 @ w2.astype(np.float64).T
+want = reference.projector(m64, {k: v.astype(np.float64) for k, v in weights.items()}, config)
+rows = []
+for name, got_d, ref in (("proj.0 + GELU(erf)", h_d, h64), ("proj.2", y_d, y64), ("post_norm", out, want)):
+    got = got_d if isinstance(got_d, np.ndarray) else got_d.copy_to_host()
+    rel = np.abs(got - ref).max() / np.abs(ref).max()
+    assert np.all(np.isfinite(got)) and rel < 8 * FP32_EPS * np.sqrt(w0.shape[1]), (name, rel)
+    rows.append([name, str(got.shape), rel])
+display(Markdown(markdown_table(["step", "shape", "max rel. error vs float64"], rows)))
+
+# %%
+error_heatmap(out, want, title="projector output (kernels) vs float64 reference")
+
+
+# %% [markdown]
+# ## The pitfalls, measured
+#
+# Each line is a plausible port with one mistake, compared with the reference projector output:
+
+
+# %%
+def projector_port(merged, gelu, eps):
+    y = gelu(merged @ w0.astype(np.float64).T) @ w2.astype(np.float64).T
+    return reference.rmsnorm(y, post.astype(np.float64), eps)
+
+
+def swap_slots(a):  # rows and columns swapped inside each merged token
+    return a.reshape(a.shape[0], kh, kw, -1).transpose(0, 2, 1, 3).reshape(a.shape)
+
+
+ports = {
+    "tanh GELU (the encoder's) in the projector": projector_port(m64, reference.gelu_tanh, config.projector_ln_eps),
+    "encoder eps in the post norm": projector_port(m64, reference.gelu_erf, config.vit_norm_eps),
+    "merge slots transposed": projector_port(swap_slots(m64), reference.gelu_erf, config.projector_ln_eps),
+}
+for name, y in ports.items():
+    print(f"{name:44s} max rel. difference {np.abs(y - want).max() / np.abs(want).max():.1e}")
+
+# %% [markdown]
+# The eps difference is small at these activation sizes (the projector's rows have RMS ≫ √eps) —
+# a reminder that a test passing on one input proves little: the RMSNorm notebook shows where it bites.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise cell holds a worked answer; replace it with your own and rerun — the `assert` checks it.
+#
+# **1.** On a 6×8 patch grid, which source patch (row-major index) sits in merged token 5, slot 3?
+
+# %%
+i, j = divmod(5, 8 // 2)  # merged token 5 = (i, j) on the 3×4 merged grid
+a, b = divmod(3, 2)  # slot 3 = (a, b) inside the 2×2 block
+patch_answer = (2 * i + a) * 8 + (2 * j + b)  # worked answer
+
+merged_of, slot_of = merge_index_table(6, 8)
+assert (merged_of.ravel()[patch_answer], slot_of.ravel()[patch_answer]) == (5, 3)
+print("patch", patch_answer)
+
+# %% [markdown]
+# **2.** The projector's FLOPs per merged token, in terms of `K = kh·kw·D` and `T` (K3 numbers).
+
+# %%
+k3 = VisionConfig.k3()
+K, T = k3.merged_hidden_size, k3.text_hidden_size
+per_token_answer = 2 * K * K + 2 * K * T  # worked answer
+
+assert per_token_answer == flop_table(k3, [[1, 2, 2]])[3].count  # a 2×2 grid has one merged token
+print(f"{per_token_answer / 1e6:.1f} MFLOP per output token")
+
+# %% [markdown]
+# **3.** A 4-frame video whose frames are all the same: is its merged output that of the single frame?
+# Run the kernel on both and compare.
+
+# %%
+frame = rng.standard_normal((4 * 6, 7)).astype(np.float32)
+video = np.ascontiguousarray(np.tile(frame, (4, 1)))
+as_video = merge_gather(video, item_table([[4, 4, 6]], (2, 2)), (2, 2)).copy_to_host()
+as_image = merge_gather(frame, item_table([[1, 4, 6]], (2, 2)), (2, 2)).copy_to_host()
+same_answer = True  # worked answer: the mean of equal frames is the frame
+
+assert same_answer == bool(np.allclose(as_video, as_image, rtol=1e-6, atol=1e-6))
+print("identical frames merge like one image:", same_answer)

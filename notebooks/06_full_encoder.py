@@ -1,0 +1,266 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 — The full encoder: every kernel together, compared stage by stage
+#
+# `MoonViT(config, weights, backend=...)` assembles the stages of the previous notebooks:
+# `"numpy"` is the reference (CPU), `"numba"` runs the numba.cuda kernels (a GPU, or the simulator),
+# `"cupy"` the CUDA C kernels (GPU only), `"auto"` picks CuPy on a GPU and NumPy otherwise. With
+# `return_intermediates=True` every backend returns the same stage dict — `patch_embed`, `pos_emb`,
+# `layer_0 …`, `final_norm`, `merged`, `projected` — so `compare.compare_stages` can say **where** a
+# port first goes wrong, not just that its output differs.
+#
+# This notebook: the one stage without its own notebook (the position embedding), then the assembled
+# model, its stage-by-stage comparison against a float64 reference (table and plot), how the
+# comparison pinpoints a bug, and timings labelled with where they ran.
+
+# %%
+# Without a GPU, numba.cuda runs on its CPU simulator; the switch must be set before numba is imported.
+# Figures (matplotlib Figure objects returned by moonvit_kernels.plots) are drawn inline.
+# %matplotlib inline
+from moonvit_kernels.device import gpu_available, simulator_enabled, use_simulator_without_gpu, where
+
+use_simulator_without_gpu()
+
+import time
+
+import numpy as np
+from IPython.display import Markdown, display
+from numba import cuda
+
+from moonvit_kernels import reference
+from moonvit_kernels.bundled import DATA_DIR as DATA  # the bundled files, from any working directory
+from moonvit_kernels.compare import compare_stages, tolerance_for
+from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.model import MoonViT, cupy_importable
+from moonvit_kernels.numba_backend import backend as backend_numba
+from moonvit_kernels.numba_backend.launch import item_table
+from moonvit_kernels.numba_backend.pos_emb import add_position_embedding, time_table
+from moonvit_kernels.plots import (
+    flop_table,
+    markdown_table,
+    median_seconds,
+    plot_position_grids,
+    plot_stage_report,
+    plot_timings,
+)
+from moonvit_kernels.preprocess import patchify, unpatchify
+from moonvit_kernels.weights import load_checkpoint, random_weights
+
+rng = np.random.default_rng(0)
+on_gpu = gpu_available() and not simulator_enabled()
+
+print(f"kernels run on: {where()}")
+
+# %% [markdown]
+# ## Sizes
+#
+# On the simulator a whole forward pass launches ~30 kernels, each one Python thread per CUDA thread, so
+# the bundled tiny checkpoint runs on a cropped copy of its inputs: the top 2×4 patches of the image and
+# the top-left 2×2 of both video frames (16 tokens). On a GPU: K3's dimensions with random weights, the
+# first 4 of its 27 layers (so that the float64 NumPy reference stays quick), on a 448×448 image packed
+# with a 4-frame 224×224 video chunk (2048 tokens).
+
+# %%
+if on_gpu:
+    config = VisionConfig.k3().replace(vt_num_hidden_layers=4)
+    weights = random_weights(config, seed=0)
+    grid_thws = np.array([[1, 32, 32], [4, 16, 16]])
+    L = int(np.prod(grid_thws, axis=1).sum())
+    pixel_values = rng.uniform(-1, 1, (L, 3, config.patch_size, config.patch_size)).astype(np.float32)
+else:
+    config, weights = load_checkpoint(DATA / "tiny")
+    inputs = np.load(DATA / "tiny" / "inputs.npz")
+    pv, p = inputs["pixel_values"], config.patch_size
+    image = unpatchify(pv[:48], (1, 6, 8))[:, : 2 * p, : 4 * p]  # top 2×4 patches
+    video = unpatchify(pv[48:], (2, 4, 4))[:, : 2 * p, : 2 * p]  # top-left 2×2 of each frame
+    (a, grid_a), (b, grid_b) = patchify(np.ascontiguousarray(image), p), patchify(np.ascontiguousarray(video), p)
+    pixel_values, grid_thws = np.concatenate([a, b]), np.array([grid_a, grid_b])
+L = pixel_values.shape[0]
+print(
+    f"{where()}: {config.vt_num_hidden_layers} layers, D = {config.vt_hidden_size}, items {grid_thws.tolist()}, L = {L}"
+)
+
+# %% [markdown]
+# ## The position embedding (docs/model.md, stage 2)
+#
+# The checkpoint holds a learned `H0 × W0` grid (64×64 in K3, 6×6 in the tiny model). An item of `h × w`
+# patches gets the grid resized to `h × w` — `F.interpolate(mode="bilinear", align_corners=False)`:
+# source coordinate `s = (d + 0.5)·(in/out) − 0.5`, clamped; same size is exactly the identity. A video
+# frame `f` also gets the sin/cos row `time[f]` (computed, never stored; frame 0 gets +1 on the cos
+# half, an image nothing). Pitfalls: the half-pixel offset, and the bicubic coefficient (−0.75, not −0.5).
+# One channel of the tiny model's grid, as learned and resized to this run's items:
+
+# %%
+pos_weight = weights["vision_tower.patch_embed.pos_emb.weight"]
+plot_position_grids(pos_weight, [(6, 8), (2, 4), (2, 2)] if not on_gpu else [(32, 32), (16, 16)], channel=0)
+
+# %% [markdown]
+# The kernel (`kernels/pos_emb.py`, one block per token, adding in place) against the reference, on
+# random tokens:
+
+# %%
+x = rng.standard_normal((L, config.vt_hidden_size)).astype(np.float32)
+table = time_table(config.vt_hidden_size, config.init_pos_emb_time)
+got = add_position_embedding(x.copy(), pos_weight, table, item_table(grid_thws)).copy_to_host()
+want = reference.add_position_embedding(x.astype(np.float64), grid_thws, pos_weight.astype(np.float64), config)
+np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+print(f"position embedding kernel: max error {np.abs(got - want).max():.1e}")
+
+# %% [markdown]
+# ## The assembled model
+#
+# The numba backend keeps activations on the device from the patch GEMM to the projector's norm;
+# residual additions are fused into the GEMMs (`x = o·woᵀ + x` in one launch), RoPE works in place in the
+# `qkv` buffer. Its stage order, from the module:
+
+# %%
+print(backend_numba.__doc__)
+
+# %%
+models = {
+    "numpy float64": MoonViT(config, weights, backend="numpy", dtype="float64"),
+    "numpy float32": MoonViT(config, weights, backend="numpy"),
+    "numba": MoonViT(config, weights, backend="numba"),
+}
+if on_gpu and cupy_importable():
+    models["cupy float32"] = MoonViT(config, weights, backend="cupy", dtype="float32")
+    models["cupy bfloat16"] = MoonViT(config, weights, backend="cupy", dtype="bfloat16")
+
+runs, first_seconds = {}, {}
+for name, model in models.items():
+    start = time.perf_counter()
+    outputs, stages = model.forward(pixel_values, grid_thws, return_intermediates=True, as_numpy=True)
+    first_seconds[name] = time.perf_counter() - start
+    runs[name] = (outputs, stages)
+    print(f"{name:14s} outputs {[tuple(o.shape) for o in outputs]}  first call {first_seconds[name]:8.2f} s")
+
+# %% [markdown]
+# ## Stage by stage: numba against the float64 reference
+#
+# For each stage: max abs error, relative error `max|a − b| / max|b|`, and the tolerance. The tolerance
+# grows by 1.15× per stage (`compare.tolerance_for`) because every layer adds rounding — a fixed bound
+# would flag the late stages of a correct port. The float32 NumPy reference shows how much of the
+# difference is plain fp32 rounding.
+
+# %%
+reference64 = runs["numpy float64"][1]
+compute_dtype = {name: "bfloat16" if "bfloat16" in name else "float32" for name in models}
+reports = {
+    name: compare_stages(runs[name][1], reference64, dtype=compute_dtype[name], names=(name, "numpy float64"))
+    for name in models
+    if name != "numpy float64"
+}
+print(reports["numba"].table())
+rows = [
+    [s.stage, str(s.shape)] + [reports[n].rows[i].max_rel for n in reports] + [s.tolerance, s.ok]
+    for i, s in enumerate(reports["numba"].rows)
+]
+display(
+    Markdown(
+        markdown_table(["stage", "shape", *(f"{n}: rel. error" for n in reports), "fp32 tolerance", "numba ok"], rows)
+    )
+)
+assert reports["numba"].ok, reports["numba"].first_divergence
+
+# %%
+plot_stage_report(reports["numba"], title=f"numba ({where()}) vs numpy float64, stage by stage")
+
+# %% [markdown]
+# ## What a bug looks like in this report
+#
+# A port with one mistake — here `fc1` of block 1 loaded 1% too large (a wrong scale, a bf16 mishap) —
+# run through the same comparison. Everything before `layer_1` is exact to rounding; the report names the
+# first stage beyond tolerance, which is where to start looking.
+
+# %%
+broken = dict(weights)
+name = (
+    "vision_tower.encoder.blocks.1.mlp.fc1.weight" if config.vt_num_hidden_layers > 1 else "mm_projector.proj.2.weight"
+)
+broken[name] = weights[name] * 1.01
+_, broken_stages = MoonViT(config, broken, backend="numpy").forward(pixel_values, grid_thws, return_intermediates=True)
+report = compare_stages(broken_stages, reference64, names=("numpy, fc1 of block 1 off by 1%", "numpy float64"))
+print(report.table())
+plot_stage_report(report)
+
+# %% [markdown]
+# ## Time, labelled with where it ran
+#
+# The NumPy reference always runs on the CPU; the numba backend runs on `where()`. On the simulator
+# the numba time measures Python threads: it says nothing about GPU speed. On a GPU the first call
+# compiles every kernel, so the GPU backends are timed after a warm-up, median of several calls.
+
+# %%
+seconds = {}
+for name, model in models.items():
+    place = "CPU" if name.startswith("numpy") else where()
+    if on_gpu and not name.startswith("numpy"):
+        if name == "numba":
+            sync = cuda.synchronize
+        else:
+            import cupy
+
+            sync = cupy.cuda.Device().synchronize
+        t = median_seconds(lambda model=model: model.forward(pixel_values, grid_thws), 5, 1, sync)["median"]
+    else:
+        t = first_seconds[name]  # includes returning the intermediates
+    seconds[f"{name} ({place})"] = t
+total_flops = sum(r.count for r in flop_table(config, grid_thws))
+for label, sec in seconds.items():
+    print(f"{label:40s} {sec * 1e3:10.1f} ms  {total_flops / sec / 1e12:10.4g} TFLOP/s")
+print(f"({total_flops:,} FLOP per forward, from docs/model.md's cost formulas)")
+plot_timings(seconds, f"{where()} and CPU", unit="ms", title="one forward pass")
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise cell holds a worked answer; replace it with your own and rerun — the `assert` checks it.
+#
+# **1.** Break the model yourself: scale one weight by 1.01 and predict the first stage the report will
+# flag. (Worked answer: the final norm's weight only affects `final_norm` and later.)
+
+# %%
+weight_to_break = "vision_tower.encoder.final_layernorm.weight"  # worked answer
+predicted_first_divergence = "final_norm"
+
+broken = {**weights, weight_to_break: weights[weight_to_break] * 1.01}
+_, s = MoonViT(config, broken, backend="numpy").forward(pixel_values, grid_thws, return_intermediates=True)
+assert compare_stages(s, reference64).first_divergence == predicted_first_divergence
+print("first divergence:", predicted_first_divergence)
+
+# %% [markdown]
+# **2.** The tolerance of stage `k` (0-based, in the reference's order) is `base · 1.15**k`. What is the
+# tolerance of `final_norm` for a float32 backend?
+
+# %%
+base, growth = tolerance_for("float32")
+k = list(reference64).index("final_norm")
+tolerance_answer = base * growth**k  # worked answer
+
+assert np.isclose(tolerance_answer, next(r.tolerance for r in reports["numba"].rows if r.stage == "final_norm"))
+print(f"final_norm is stage {k}: tolerance {tolerance_answer:.2e}")
+
+# %% [markdown]
+# **3.** The full K3 tower on one 896×896 image: how long would it take at the H200's ≈ 790 TFLOP/s dense
+# bf16 peak? (docs/model.md calls it the physical floor.)
+
+# %%
+k3 = VisionConfig.k3()
+floor_ms_answer = sum(r.count for r in flop_table(k3, [[1, 64, 64]])) / 790e12 * 1e3  # worked answer
+
+assert 7.0 < floor_ms_answer < 8.5  # docs/model.md: ≈ 7.7 ms
+print(f"{floor_ms_answer:.2f} ms")
