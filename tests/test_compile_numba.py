@@ -102,3 +102,52 @@ def test_parse_ptxas_log_reads_spills_registers_and_shared_memory():
     assert not report.ok and len(problems) == 2
     assert "spills (24 bytes stored, 12 bytes loaded)" in problems[0] and "255 registers, limit 128" in problems[1]
     assert "FAIL" in format_table([report])
+
+
+def test_cubin_dir_writes_one_sm90_binary_per_specialisation(tmp_path):
+    r = _run_without_simulator(
+        ["-m", "moonvit_kernels.numba_backend.compile_check", "--module", "gemm", "--cubin-dir", str(tmp_path)],
+        timeout=170,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    expected = sorted(
+        f"gemm_v{v}_{ep}.sm_90.cubin" for v in (1, 2, 3) for ep in ("none", "gelu_tanh", "gelu_erf", "residual")
+    )
+    assert names == expected
+    for p in tmp_path.iterdir():
+        data = p.read_bytes()
+        assert data[:4] == b"\x7fELF", p.name
+        assert p.name.split(".")[0].encode() in data, f"{p.name} does not hold its kernel's symbol"
+
+
+def test_build_cubins_api_and_arch_option(tmp_path):
+    """`build_cubins` returns (label, cubin, report) per kernel, for the architecture asked; it refuses
+    to run with the simulator on, and the CLI rejects an unknown --arch."""
+    script = textwrap.dedent(
+        """
+        import json
+        from moonvit_kernels.numba_backend.compile_check import build_cubins
+        out = {}
+        for cc in ((8, 0), (9, 0)):
+            out[str(cc)] = [(label, len(cubin), cubin[:4].hex(), report.registers, report.ok)
+                            for label, cubin, report in build_cubins(cc, ["moonvit_kernels.numba_backend.rope"])]
+        print(json.dumps(out))
+        """
+    )
+    r = _run_without_simulator(["-c", script], timeout=170)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for cc in ("(8, 0)", "(9, 0)"):
+        [(label, size, magic, registers, ok)] = got[cc]
+        assert label == "rope2d_kernel" and size > 1000 and magic == "7f454c46" and registers > 0 and ok
+    simulated = subprocess.run(
+        [sys.executable, "-c", "from moonvit_kernels.numba_backend.compile_check import build_cubins; build_cubins()"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
+        timeout=120,
+    )
+    assert simulated.returncode != 0 and "simulator off" in simulated.stderr
+    bad = _run_without_simulator(["-m", "moonvit_kernels.numba_backend.compile_check", "--arch", "sm_75"], timeout=60)
+    assert bad.returncode == 2 and "sm_75" in bad.stderr

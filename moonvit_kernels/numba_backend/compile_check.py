@@ -2,6 +2,9 @@
 
 Run `python -m moonvit_kernels.numba_backend.compile_check` for a table of
 kernel | registers | spill bytes | stack | shared memory, or add `--json` for machine-readable output.
+`--arch sm_80|sm_89|sm_90` picks the target (default sm_90); `--cubin-dir DIR` also writes each
+kernel's binary as `DIR/<kernel>.<arch>.cubin` (e.g. `gemm_v3_gelu_tanh.sm_90.cubin`, one per
+specialisation) for `nvdisasm -c`. From Python: `build_cubins(cc)` -> `[(label, cubin, report)]`.
 The exit status is 1 when any kernel fails a check.
 
 What is checked, per kernel:
@@ -41,6 +44,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 TARGET_CC = (9, 0)
+# Architectures `--arch` accepts: A100, L4/RTX 40xx, H100/H200.
+ARCHES = {"sm_80": (8, 0), "sm_89": (8, 9), "sm_90": (9, 0)}
 DEFAULT_MAX_REGISTERS = 128
 PACKAGE = "moonvit_kernels.numba_backend"
 SKIP_MODULES = {"compile_check"}
@@ -145,8 +150,8 @@ def _device_functions_target(cc: tuple[int, int]) -> Iterator[None]:
         dispatcher.get_current_device = original
 
 
-def assemble(ptx: str, arch: str = "sm_90") -> str:
-    """Assemble PTX to SASS for `arch` with nvJitLink and return its verbose info log."""
+def link(ptx: str, arch: str = "sm_90") -> tuple[bytes, str]:
+    """Assemble PTX to SASS for `arch` with nvJitLink: `(cubin bytes, verbose info log)`."""
     from cuda.bindings import nvjitlink
 
     handle = nvjitlink.create(2, [f"-arch={arch}".encode(), b"-verbose"])
@@ -163,9 +168,16 @@ def assemble(ptx: str, arch: str = "sm_90") -> str:
         size = nvjitlink.get_info_log_size(handle)
         log = bytearray(size)
         nvjitlink.get_info_log(handle, log)
-        return log.decode(errors="replace").rstrip("\0")
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, cubin)
+        return bytes(cubin), log.decode(errors="replace").rstrip("\0")
     finally:
         nvjitlink.destroy(handle)
+
+
+def assemble(ptx: str, arch: str = "sm_90") -> str:
+    """Assemble PTX to SASS for `arch` with nvJitLink and return its verbose info log."""
+    return link(ptx, arch)[1]
 
 
 def check_kernel(
@@ -176,20 +188,43 @@ def check_kernel(
     cc: tuple[int, int] = TARGET_CC,
 ) -> KernelReport:
     """Compile one kernel's Python function for `signature` to PTX then SASS (`sm_{cc}`); never raises."""
+    return build_kernel(fn, signature, max_registers, module, cc)[0]
+
+
+def build_kernel(
+    fn: Callable,
+    signature: str,
+    max_registers: int = DEFAULT_MAX_REGISTERS,
+    module: str = "",
+    cc: tuple[int, int] = TARGET_CC,
+) -> tuple[KernelReport, bytes | None]:
+    """`check_kernel`, also returning the kernel's cubin for `sm_{cc}` (None when it did not compile)."""
     from numba import cuda
 
     report = KernelReport(module=module, kernel=fn.__name__, signature=signature, max_registers=int(max_registers))
     try:
         with _device_functions_target(cc):
             ptx, _ = cuda.compile_ptx(fn, signature, cc=cc)
-        log = assemble(ptx, f"sm_{cc[0]}{cc[1]}")
+        cubin, log = link(ptx, arch_name(cc))
     except Exception as e:  # a compile error is a result of this tier, not a crash of it
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
         report.error = f"{type(e).__name__}: {first_line}"[:500]
-        return report
+        return report, None
     for key, value in parse_ptxas_log(log).items():
         setattr(report, key, value)
-    return report
+    return report, cubin
+
+
+def arch_name(cc: tuple[int, int]) -> str:
+    """`(9, 0)` -> `"sm_90"`."""
+    return f"sm_{cc[0]}{cc[1]}"
+
+
+def parse_arch(arch: str) -> tuple[int, int]:
+    """`"sm_90"` -> `(9, 0)`; only the architectures in ARCHES."""
+    if arch not in ARCHES:
+        raise ValueError(f"arch {arch!r} is not one of {sorted(ARCHES)}")
+    return ARCHES[arch]
 
 
 def kernel_modules() -> list[str]:
@@ -200,13 +235,58 @@ def kernel_modules() -> list[str]:
 
 def check_all(modules: Sequence[str] | None = None, cc: tuple[int, int] = TARGET_CC) -> list[KernelReport]:
     """Compile every `COMPILE_SIGNATURES` entry of `modules` (default: all kernel modules)."""
-    reports = []
+    return [report for report, _ in _build_all(modules, cc)]
+
+
+def build_cubins(
+    cc: tuple[int, int] = TARGET_CC, modules: Sequence[str] | None = None
+) -> list[tuple[str, bytes, KernelReport]]:
+    """Every kernel's cubin for `sm_{cc}`: `(label, cubin bytes, report)` per compiled instantiation.
+
+    `label` is the kernel's specialised name (e.g. `gemm_v3_gelu_tanh`, `attention_v2_hd128_q32_k16`),
+    safe as a file name. Kernels that fail to compile are left out (their reports say why: `check_all`).
+    Needs a process where numba runs with the CUDA simulator off (raises RuntimeError otherwise).
+    """
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        raise RuntimeError("build_cubins needs numba with the CUDA simulator off: run it in a fresh process")
+    out = []
+    for report, cubin in _build_all(modules, cc):
+        if cubin is not None:
+            out.append((_file_label(report.kernel), cubin, report))
+    return out
+
+
+def _file_label(kernel: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", kernel)
+
+
+def write_cubins(directory: str, cc: tuple[int, int] = TARGET_CC, modules: Sequence[str] | None = None) -> list[str]:
+    """Write `<label>.sm_XY.cubin` for every kernel into `directory` (created); returns the paths written."""
+    return _write_cubins(directory, _build_all(modules, cc), cc)
+
+
+def _write_cubins(directory: str, built: list[tuple[KernelReport, bytes | None]], cc: tuple[int, int]) -> list[str]:
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for report, cubin in built:
+        if cubin is not None:
+            path = os.path.join(directory, f"{_file_label(report.kernel)}.{arch_name(cc)}.cubin")
+            with open(path, "wb") as f:
+                f.write(cubin)
+            paths.append(path)
+    return paths
+
+
+def _build_all(modules: Sequence[str] | None, cc: tuple[int, int]) -> list[tuple[KernelReport, bytes | None]]:
+    built: list[tuple[KernelReport, bytes | None]] = []
     for name in modules if modules is not None else kernel_modules():
         short = name.rsplit(".", 1)[-1]
         try:
             module = importlib.import_module(name)
         except Exception as e:
-            reports.append(KernelReport(short, "<import>", "", 0, error=f"{type(e).__name__}: {e}"[:500]))
+            built.append((KernelReport(short, "<import>", "", 0, error=f"{type(e).__name__}: {e}"[:500]), None))
             continue
         entries = getattr(module, "COMPILE_SIGNATURES", None)
         if entries is None:
@@ -214,9 +294,9 @@ def check_all(modules: Sequence[str] | None = None, cc: tuple[int, int] = TARGET
         for entry in entries:
             fn, signature, *rest = entry
             limit = rest[0] if rest else DEFAULT_MAX_REGISTERS
-            reports.append(check_kernel(fn, signature, limit, short, cc))
-    _disambiguate(reports)
-    return reports
+            built.append(build_kernel(fn, signature, limit, short, cc))
+    _disambiguate([report for report, _ in built])
+    return built
 
 
 def _disambiguate(reports: list[KernelReport]) -> None:
@@ -256,7 +336,7 @@ def format_table(reports: Sequence[KernelReport], cc: tuple[int, int] = TARGET_C
     failed = sum(not r.ok for r in reports)
     lines.append(
         f"\n{len(reports)} kernels compiled for sm_{cc[0]}{cc[1]} (registers per thread, bytes per block; "
-        f"shared includes sm_90's 1 KiB reserve): {failed} failed"
+        f"shared includes the 1 KiB reserve of sm_80 and later): {failed} failed"
     )
     return "\n".join(lines)
 
@@ -266,16 +346,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print a JSON list of per-kernel reports")
     parser.add_argument("--module", action="append", help="only this kernel module (e.g. attention); repeatable")
+    parser.add_argument("--arch", default=arch_name(TARGET_CC), choices=sorted(ARCHES), help="target architecture")
+    parser.add_argument(
+        "--cubin-dir", metavar="DIR", help="also write every kernel's cubin to DIR as <kernel>.<arch>.cubin"
+    )
     args = parser.parse_args(argv)
+    cc = parse_arch(args.arch)
     if "numba" in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         parser.error("numba was already imported with NUMBA_ENABLE_CUDASIM on; run this in a fresh process")
     os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
     modules = None if not args.module else [f"{PACKAGE}.{m}" for m in args.module]
-    reports = check_all(modules)
+    built = _build_all(modules, cc)
+    reports = [report for report, _ in built]
+    if args.cubin_dir:
+        _write_cubins(args.cubin_dir, built, cc)
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=1))
     else:
-        print(format_table(reports))
+        print(format_table(reports, cc))
     return 0 if reports and all(r.ok for r in reports) else 1
 
 
