@@ -335,9 +335,8 @@ def checkpoint_report(path: str | Path) -> tuple[list[str], bool]:
             lines.append(f"  {name}: listed in the index but missing from {where[name].name}")
             continue
         shape = header.shape(name)
-        begin, end = header.entries[name]["data_offsets"]
         found_params += int(np.prod(shape))
-        found_bytes += int(end) - int(begin)
+        found_bytes += header.nbytes(name) or 0
         lines.append(f"  {name}  {header.dtype(name)} {list(shape)}")
     lines.append(f"other tensors: {others} (not read)")
     lines.append(f"vision parameters in the file: {found_params:,} ({found_bytes / 2**20:.1f} MiB)")

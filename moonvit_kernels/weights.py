@@ -1,43 +1,44 @@
 """Checkpoint I/O in the real K3 tensor names: safetensors read/write (bf16 included), checks, random weights.
 
-A weights object is a plain `dict[str, np.ndarray]` keyed by the checkpoint names of SPEC.md
+A weights object is a plain `dict[str, np.ndarray]` keyed by the checkpoint names of `docs/model.md`
 (`vision_tower.…`, `mm_projector.…`) with the checkpoint shapes, loaded as float32.
 
-The safetensors format is read here directly (8-byte little-endian header length, a JSON header
-of `{name: {dtype, shape, data_offsets}}`, then raw little-endian bytes) so that only the vision
-tensors' bytes are ever read: a real K3 file also holds a text decoder of hundreds of GB.
+Files are read with the `safetensors` library (`safe_open`, memory-mapped), so only the vision
+tensors' bytes are ever touched: a real K3 file also holds a text decoder of hundreds of GB.
+bfloat16 is `ml_dtypes.bfloat16`. What this module adds to the library: the vision-name filter,
+sharded index handling, shape/dtype/NaN checks, and error messages that name the file.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
 from .config import VisionConfig
 
 VISION_PREFIXES = ("vision_tower.", "mm_projector.")
 INDEX_NAME = "model.safetensors.index.json"
-MAX_HEADER_BYTES = 100 * 1024 * 1024
 
-# safetensors dtype tag -> (numpy dtype of the stored bytes, how to get float32)
-_STORED = {
-    "F32": np.dtype("<f4"),
-    "F16": np.dtype("<f2"),
-    "F64": np.dtype("<f8"),
-    "BF16": np.dtype("<u2"),
+# safetensors dtype tags this loader turns into float32, with their byte widths
+_READABLE = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+_SAVE_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
 }
-_SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 
 # ============================================================================ names and shapes
 def expected_shapes(config: VisionConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the tower + projector needs, name -> shape (SPEC.md's table)."""
+    """Every tensor the tower + projector needs, name -> shape (the table in `docs/model.md`)."""
     D, Q, I = config.vt_hidden_size, config.qkv_hidden_size, config.vt_intermediate_size
     p, K, T = config.patch_size, config.merged_hidden_size, config.text_hidden_size
     shapes: dict[str, tuple[int, ...]] = {
@@ -97,89 +98,81 @@ def check_weights(weights: Mapping[str, Any], config: VisionConfig) -> None:
         )
 
 
-# ============================================================================ bf16 by bit shifts
+# ============================================================================ bf16 as raw bits
 def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 stored as uint16 -> float32 (exact: bf16 is the top half of an fp32)."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    """bfloat16 stored as uint16 bits -> float32 (exact: bf16 is the top half of an fp32)."""
+    return np.ascontiguousarray(bits, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
 
 
 def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits (uint16), round to nearest even; NaN stays NaN."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
-    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded).astype(np.uint16)
+    return np.ascontiguousarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
 
 
 # ============================================================================ safetensors reading
+def _explain(path: Path, error: Exception) -> str:
+    """The library's error on a bad file, as one message naming the file and the likely cause."""
+    msg = str(error).removeprefix("Error while deserializing header: ")
+    if "header too small" in msg:
+        size = path.stat().st_size
+        return f"{path}: not a safetensors file ({size} bytes, too short for a header)"
+    if "header too large" in msg:
+        return f"{path}: corrupt safetensors header (its length field claims more bytes than the file holds)"
+    if "invalid JSON" in msg:
+        return f"{path}: corrupt safetensors header ({msg})"
+    if "not fully covered" in msg:
+        return f"{path}: the header's tensors do not cover the data exactly (truncated or padded file?)"
+    if "invalid shape, data type, or offset" in msg:
+        return f"{path}: a tensor's byte range does not match its shape and dtype (corrupt header or truncated file)"
+    return f"{path}: not a valid safetensors file ({msg})"
+
+
 class SafetensorsFile:
-    """The header of one `.safetensors` file, and reads of single tensors from it by seek."""
+    """One `.safetensors` file opened with `safetensors.safe_open` (memory-mapped; opening reads
+    only the header): its tensor names, dtypes and shapes, and reads of single tensors."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no such checkpoint file: {self.path}")
         try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no such checkpoint file: {self.path}") from None
-        with open(self.path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ValueError(f"{self.path}: not a safetensors file (only {len(head)} bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER_BYTES or 8 + n > size:
-                raise ValueError(f"{self.path}: corrupt safetensors header (claims {n} header bytes, file is {size})")
-            raw = f.read(n)
-        try:
-            header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{self.path}: corrupt safetensors header ({e})") from None
-        if not isinstance(header, dict):
-            raise ValueError(f"{self.path}: corrupt safetensors header (not a JSON object)")
-        self.metadata = header.pop("__metadata__", None) or {}
-        self.data_start = 8 + n
-        self.data_size = size - self.data_start
-        self.entries: dict[str, dict[str, Any]] = header
-        for name, e in header.items():
-            self._check_entry(name, e)
+            self._handle = safe_open(str(self.path), framework="np")
+        except SafetensorError as e:
+            raise ValueError(_explain(self.path, e)) from None
+        self.metadata: dict[str, str] = self._handle.metadata() or {}
+        self.entries: dict[str, dict[str, Any]] = {}
+        for name in self._handle.keys():
+            piece = self._handle.get_slice(name)
+            self.entries[name] = {"dtype": piece.get_dtype(), "shape": tuple(int(s) for s in piece.get_shape())}
 
-    def _check_entry(self, name: str, e: Any) -> None:
-        try:
-            begin, end = (int(v) for v in e["data_offsets"])
-            shape = [int(s) for s in e["shape"]]
-            dtype = e["dtype"]
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{self.path}: corrupt safetensors header entry for {name!r}") from None
-        if not 0 <= begin <= end <= self.data_size:
-            raise ValueError(
-                f"{self.path}: tensor {name!r} lies at bytes {begin}..{end} but the data is {self.data_size} bytes "
-                "(truncated file?)"
-            )
-        if dtype in _STORED and (end - begin) != int(np.prod(shape)) * _STORED[dtype].itemsize:
-            raise ValueError(f"{self.path}: tensor {name!r} has {end - begin} bytes for shape {shape} {dtype}")
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
 
     def keys(self) -> list[str]:
         return list(self.entries)
 
     def dtype(self, name: str) -> str:
+        """The safetensors dtype tag ("BF16", "F32", ...)."""
         return self.entries[name]["dtype"]
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(int(s) for s in self.entries[name]["shape"])
+        return self.entries[name]["shape"]
+
+    def nbytes(self, name: str) -> int | None:
+        """Bytes the tensor occupies in the file (None for a dtype this module does not read)."""
+        width = _READABLE.get(self.dtype(name))
+        return None if width is None else width * int(np.prod(self.shape(name)))
 
     def read(self, name: str) -> np.ndarray:
         """Read one tensor (only its bytes) and return it as float32."""
-        e = self.entries[name]
-        if e["dtype"] not in _STORED:
-            raise ValueError(f"{self.path}: tensor {name!r} has unsupported dtype {e['dtype']} (need F32/F16/BF16/F64)")
-        begin, end = (int(v) for v in e["data_offsets"])
-        with open(self.path, "rb") as f:
-            f.seek(self.data_start + begin)
-            buf = f.read(end - begin)
-        if len(buf) != end - begin:
-            raise ValueError(f"{self.path}: truncated while reading {name!r}")
-        raw = np.frombuffer(buf, dtype=_STORED[e["dtype"]]).reshape(self.shape(name))
-        if e["dtype"] == "BF16":
-            return bf16_bits_to_float32(raw)
-        return raw.astype(np.float32)
+        dtype = self.dtype(name)
+        if dtype not in _READABLE:
+            raise ValueError(f"{self.path}: tensor {name!r} has unsupported dtype {dtype} (need F32/F16/BF16/F64)")
+        try:
+            tensor = self._handle.get_tensor(name)
+        except SafetensorError as e:
+            raise ValueError(f"{self.path}: cannot read tensor {name!r} ({e})") from None
+        return tensor.astype(np.float32)
 
 
 def checkpoint_files(path: str | os.PathLike) -> dict[str, Path]:
@@ -256,29 +249,15 @@ def save_weights(
     dtype: str = "bfloat16",
     metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Write `weights` to one `.safetensors` file in `dtype` ("bfloat16", "float16", "float32")."""
+    """Write `weights` to one `.safetensors` file in `dtype` ("bfloat16", "float16", "float32"),
+    each tensor converted from float32 (round to nearest even), with `safetensors.numpy.save_file`."""
     if dtype not in _SAVE_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_SAVE_DTYPES)}, got {dtype!r}")
-    tag = _SAVE_DTYPES[dtype]
-    header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
-    blobs = []
-    offset = 0
-    for name in sorted(weights):
-        a = np.asarray(weights[name], dtype=np.float32)
-        if tag == "BF16":
-            data = float32_to_bf16_bits(a).astype("<u2").tobytes()
-        else:
-            data = a.astype(_STORED[tag]).tobytes()
-        header[name] = {"dtype": tag, "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for b in blobs:
-            f.write(b)
+    target = _SAVE_DTYPES[dtype]
+    tensors = {
+        name: np.ascontiguousarray(np.asarray(w, dtype=np.float32).astype(target)) for name, w in weights.items()
+    }
+    save_file(tensors, str(path), metadata=dict(metadata or {"format": "pt"}))
 
 
 def save_checkpoint(

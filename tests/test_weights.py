@@ -1,7 +1,10 @@
-"""Checkpoint I/O: bf16/fp16/fp32 round trips, sharded files with non-vision tensors, every bad file."""
+"""Checkpoint I/O: bf16/fp16/fp32 round trips, sharded files with non-vision tensors, every bad file,
+and a multi-GB (sparse) fake decoder that loading must never touch."""
 
 import json
 import struct
+import time
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -52,12 +55,25 @@ def test_round_trip(tmp_path, wts, dtype):
             assert not np.array_equal(got[k], v)  # bf16 really is lossy: the test could fail
 
 
+def test_bf16_bits_take_any_layout():
+    x = np.random.default_rng(1).standard_normal((5, 7)).astype(np.float32)
+    bits = W.float32_to_bf16_bits(x.T)  # not contiguous
+    assert bits.dtype == np.uint16 and bits.shape == (7, 5)
+    np.testing.assert_array_equal(W.bf16_bits_to_float32(bits[:, ::2]), x.T[:, ::2].astype(ml_dtypes.bfloat16))
+
+
 def test_independent_reader_and_writer(tmp_path, wts):
-    # our writer -> safetensors' reader, and safetensors' writer -> our reader
-    W.save_weights(tmp_path / "ours.safetensors", wts, dtype="float32")
+    # our writer -> safetensors' plain reader, and safetensors' writer -> our reader
+    W.save_weights(tmp_path / "ours.safetensors", wts, dtype="float32", metadata={"who": "test"})
     theirs = load_file(tmp_path / "ours.safetensors")
     for k in wts:
         np.testing.assert_array_equal(theirs[k], wts[k])
+    assert W.SafetensorsFile(tmp_path / "ours.safetensors").metadata == {"who": "test"}
+    W.save_weights(tmp_path / "bf16.safetensors", wts)
+    header = W.SafetensorsFile(tmp_path / "bf16.safetensors")
+    assert {header.dtype(k) for k in header.keys()} == {"BF16"}
+    name = "mm_projector.proj.2.weight"
+    assert header.nbytes(name) == 2 * wts[name].size
     save_file({k: v.astype(np.float16) for k, v in wts.items()}, tmp_path / "theirs.safetensors")
     got = W.load_weights(tmp_path / "theirs.safetensors", CFG)
     for k in wts:
@@ -147,25 +163,46 @@ def test_truncated_file(tmp_path, wts):
         (b"\x01\x02", "not a safetensors file"),
         (struct.pack("<Q", 10**12) + b"{}", "corrupt safetensors header"),
         (struct.pack("<Q", 6) + b"{not j", "corrupt safetensors header"),
-        (struct.pack("<Q", 2) + b"[]", "not a JSON object"),
-        (struct.pack("<Q", 40) + b'{"a": {"dtype": "F32", "shape": [2]}}   ', "corrupt safetensors header entry"),
+        (b"", "not a safetensors file"),
+        (struct.pack("<Q", 2) + b"[]", "corrupt safetensors header"),
+        (
+            struct.pack("<Q", 40) + b'{"a": {"dtype": "F32", "shape": [2]}}   ',
+            "corrupt safetensors header.*data_offsets",
+        ),
     ],
 )
 def test_corrupt_file(tmp_path, payload, match):
     (tmp_path / "bad.safetensors").write_bytes(payload)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as e:
         W.load_weights(tmp_path / "bad.safetensors", CFG)
+    assert str(tmp_path / "bad.safetensors") in str(e.value)
+
+
+def test_padded_file(tmp_path, wts):
+    W.save_weights(tmp_path / "m.safetensors", wts)
+    with open(tmp_path / "m.safetensors", "ab") as f:
+        f.write(bytes(16))
+    with pytest.raises(ValueError, match=r"m\.safetensors: the header's tensors do not cover the data exactly"):
+        W.load_weights(tmp_path / "m.safetensors", CFG)
+
+
+def test_bad_index(tmp_path, wts):
+    W.save_checkpoint(tmp_path, wts, CFG, shards=2)
+    (tmp_path / W.INDEX_NAME).write_text('{"metadata": {}}')
+    with pytest.raises(ValueError, match=r"index\.json: not a valid safetensors index"):
+        W.load_weights(tmp_path)
 
 
 def test_wrong_byte_count_and_dtype(tmp_path):
     header = json.dumps({"vision_tower.x": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}).encode()
     (tmp_path / "a.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(8))
-    with pytest.raises(ValueError, match="8 bytes for shape"):
+    with pytest.raises(ValueError, match=r"a\.safetensors: a tensor's byte range does not match its shape"):
         W.SafetensorsFile(tmp_path / "a.safetensors")
     header = json.dumps({"vision_tower.x": {"dtype": "I8", "shape": [3], "data_offsets": [0, 3]}}).encode()
     (tmp_path / "b.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(3))
     with pytest.raises(ValueError, match="unsupported dtype I8"):
         W.SafetensorsFile(tmp_path / "b.safetensors").read("vision_tower.x")
+    assert W.SafetensorsFile(tmp_path / "b.safetensors").nbytes("vision_tower.x") is None
 
 
 def test_missing_paths(tmp_path, wts):
@@ -211,3 +248,77 @@ def test_non_finite_tensor_in_file(tmp_path, wts):
     W.save_checkpoint(tmp_path, wts, CFG)
     with pytest.raises(ValueError, match=r"blocks\.0\.wqkv\.weight.*NaN or Inf"):
         W.load_weights(tmp_path)
+
+
+# ============================================================================ a multi-GB decoder is never read
+DECODER = "language_model.model.embed_tokens.weight"
+
+
+def write_sparse_checkpoint(directory: Path, weights: dict, decoder_shape: tuple[int, int]) -> Path:
+    """config.json + one model.safetensors whose F32 decoder tensor (between two halves of the
+    vision tensors) is a hole in the file: gigabytes on paper, no disk blocks, zeros if read."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps({"vision_config": CFG.to_dict()}))
+    names = sorted(weights)
+    order = names[: len(names) // 2] + [DECODER] + names[len(names) // 2 :]
+    header, offset = {}, 0
+    for name in order:
+        shape = decoder_shape if name == DECODER else weights[name].shape
+        size = 4 * int(np.prod(shape))
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path = directory / "model.safetensors"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        start = f.tell()
+        for name in names:
+            f.seek(start + header[name]["data_offsets"][0])
+            f.write(np.ascontiguousarray(weights[name], dtype="<f4").tobytes())
+        f.truncate(start + offset)
+    return path
+
+
+def peak_rss_since_reset() -> int | None:
+    """Reset the kernel's peak-resident-memory mark (Linux `clear_refs` 5); later read it with `peak_rss()`."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return None
+    return peak_rss()
+
+
+def peak_rss() -> int:
+    """VmHWM of this process in bytes (peak resident set since the last reset)."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM"))
+    return int(line.split()[1]) * 1024
+
+
+def test_multi_gigabyte_decoder_is_never_read(tmp_path, wts):
+    decoder_rows = 3 * 2**30 // (4 * 1024)  # 3 GiB of float32
+    path = write_sparse_checkpoint(tmp_path / "ck", wts, (decoder_rows, 1024))
+    size = path.stat().st_size
+    assert size > 3 * 2**30
+    if path.stat().st_blocks * 512 > 64 * 2**20:
+        pytest.skip("this filesystem does not keep sparse files sparse")
+    before = peak_rss_since_reset()
+    if before is None:
+        pytest.skip("cannot reset the peak-memory mark (/proc/self/clear_refs): not Linux?")
+    start = time.perf_counter()
+    got = W.load_weights(tmp_path / "ck")
+    seconds = time.perf_counter() - start
+    growth = peak_rss() - before
+    assert set(got) == set(wts) and DECODER not in got
+    for k, v in wts.items():
+        np.testing.assert_array_equal(got[k], v)
+    assert seconds < 2.0, f"loading took {seconds:.1f} s: the decoder bytes were read?"
+    assert growth < 64 * 2**20, f"peak memory grew by {growth / 2**20:.0f} MiB: the decoder bytes were read?"
+
+    # the measurement can fail: reading 96 MiB of the decoder shows up
+    before = peak_rss_since_reset()
+    header = W.SafetensorsFile(path)
+    assert header.shape(DECODER) == (decoder_rows, 1024) and header.nbytes(DECODER) == decoder_rows * 4096
+    part = header._handle.get_slice(DECODER)[: 24 * 1024]
+    assert part.nbytes == 96 * 2**20 and not part.any()
+    assert peak_rss() - before > 64 * 2**20
