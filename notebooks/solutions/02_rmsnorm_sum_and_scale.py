@@ -1,0 +1,29 @@
+"""Solution of exercise "rmsnorm_sum_and_scale" (notebook 02): the strided loops around the reduction."""
+
+import math
+
+from numba import cuda, float32
+
+THREADS = 32
+
+
+@cuda.jit
+def rmsnorm_sum_and_scale(x, weight, out, rows, cols, eps):
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    partial = cuda.shared.array(THREADS, float32)
+    acc = float32(0.0)
+    for j in range(tid, cols, THREADS):  # columns tid, tid + 32, tid + 64 of this row
+        v = x[row, j]
+        acc += v * v
+    partial[tid] = acc
+    cuda.syncthreads()
+    stride = THREADS // 2
+    while stride > 0:
+        if tid < stride:
+            partial[tid] += partial[tid + stride]
+        cuda.syncthreads()
+        stride //= 2
+    r = float32(1.0) / math.sqrt(partial[0] / float32(cols) + eps)
+    for j in range(tid, cols, THREADS):
+        out[row, j] = x[row, j] * r * weight[j]
