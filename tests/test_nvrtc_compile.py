@@ -149,3 +149,75 @@ def test_cli_prints_the_table_and_exit_status(monkeypatch, capsys, reports):
     assert nvrtc_check.main([]) == 0
     out = capsys.readouterr().out
     assert "registers" in out and "kernel builds within limits" in out
+
+
+# ============================================================================ cubins for inspection
+EM_CUDA = 190  # ELF e_machine of a CUDA cubin
+
+
+@pytest.fixture(scope="module")
+def cubins_sm90() -> list[tuple[str, bytes, nvrtc_check.KernelReport]]:
+    return nvrtc_check.build_cubins("sm_90", (24,), workers=2)
+
+
+def test_build_cubins_one_file_per_instantiation(cubins_sm90, reports):
+    specs = kcuda.kernel_specs((24,))
+    assert [r.spec for _, _, r in cubins_sm90] == specs
+    names = [f for f, _, _ in cubins_sm90]
+    assert len(set(names)) == len(names)
+    assert "gemm_bf16_tc_bf16_gelu_tanh.sm_90.cubin" in names and "flash_attn_bf16_hd24.sm_90.cubin" in names
+    mangled = {r.mangled for _, _, r in cubins_sm90}
+    assert len(mangled) == len(specs) and "" not in mangled
+    by_name = {(r.spec.name, r.arch): r for r in reports}
+    for filename, cubin, r in cubins_sm90:
+        assert r.ok, (filename, r.problems)
+        assert cubin[:4] == b"\x7fELF" and int.from_bytes(cubin[18:20], "little") == EM_CUDA, filename
+        # the file holds this kernel and no other instantiation
+        assert r.mangled.encode() in cubin
+        assert not [m for m in mangled - {r.mangled} if m.encode() + b"\0" in cubin], filename
+        # built alone or with its file's other instantiations: the same binary figures
+        assert r.info == by_name[(r.spec.name, "sm_90")].info, filename
+
+
+def test_write_cubins_and_manifest(cubins_sm90, tmp_path):
+    import json
+
+    written = nvrtc_check.write_cubins(cubins_sm90, tmp_path / "cubins")
+    assert len(written) == len(cubins_sm90) + 1
+    manifest = json.loads((tmp_path / "cubins" / "manifest.json").read_text())
+    assert [m["file"] for m in manifest] == [f for f, _, _ in cubins_sm90]
+    for m, (filename, cubin, r) in zip(manifest, cubins_sm90, strict=True):
+        assert (tmp_path / "cubins" / filename).read_bytes() == cubin
+        assert m["mangled"] == r.mangled and m["ptxas"]["registers"] == r.info.registers and m["problems"] == []
+
+
+def test_cubin_cli(monkeypatch, capsys, cubins_sm90, tmp_path):
+    calls = []
+
+    def fake_build(arch, head_dims, workers):
+        calls.append((arch, tuple(head_dims)))
+        return cubins_sm90
+
+    monkeypatch.setattr(nvrtc_check, "build_cubins", fake_build)
+    assert nvrtc_check.main(["--cubin-dir", str(tmp_path), "--head-dims", "24"]) == 0
+    assert calls == [("sm_90", (24,))]  # sm_90 only unless --arch says otherwise
+    assert (tmp_path / "flash_attn_f32_hd24.sm_90.cubin").exists()
+    assert f"wrote {len(cubins_sm90)} cubins" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        nvrtc_check.main(["--cubin-dir", str(tmp_path), "--arch", "sm_99"])
+    assert "unknown architecture 'sm_99'" in capsys.readouterr().err
+
+
+def test_build_cubins_for_sm89_and_unknown_arch():
+    spec = next(s for s in kcuda.kernel_specs() if s.label == "rmsnorm_rows_bf16_f32")
+    cubin, report = nvrtc_check.build_cubin(spec, "sm_89")
+    assert report.ok and cubin[:4] == b"\x7fELF"
+    with pytest.raises(ValueError, match="unknown architecture"):
+        nvrtc_check.build_cubins("sm_12")
+
+
+def test_labels_are_unique_file_names():
+    specs = kcuda.kernel_specs(HEAD_DIMS)
+    labels = [s.label for s in specs]
+    assert len(set(labels)) == len(labels)
+    assert all(label and label.replace("_", "").isalnum() for label in labels)

@@ -1,6 +1,7 @@
 """The compile tier: build every CUDA C kernel with NVRTC for real GPU architectures, no GPU needed.
 
     python -m moonvit_kernels.cuda_backend.nvrtc_check [--arch sm_90 ...] [--head-dims 128 24 ...]
+    python -m moonvit_kernels.cuda_backend.nvrtc_check --cubin-dir DIR [--arch sm_90] [--head-dims 128]
 
 Each `.cu` file in `moonvit_kernels/cuda_backend` is compiled to a cubin by NVRTC from the pip
 wheels (`cuda-bindings` + `nvidia-cuda-nvrtc`, headers from `nvidia-cuda-runtime`) with the same
@@ -11,22 +12,38 @@ kernel | arch | registers | spills | stack | shared memory, and a kernel fails w
 compile, spills, has a larger stack frame than allowed (`KernelSpec.max_stack`), exceeds its
 register bound (`KernelSpec.max_registers`) or 65536 registers per block, or needs more shared
 memory than the architecture gives a block.
+
+`--cubin-dir DIR` also writes each instantiation's cubin, built on its own (one NVRTC program per
+kernel, so the file holds that kernel only), as `DIR/<label>.<arch>.cubin` with the catalogue's
+label (`gemm_bf16_tc_bf16_gelu_tanh.sm_90.cubin`, `flash_attn_bf16_hd128.sm_90.cubin`), and
+`DIR/manifest.json` (per file: kernel name expression, mangled name, ptxas figures, status), for
+disassembly with `nvdisasm` or `cuobjdump -sass`. Without `--arch` it builds sm_90 only.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from . import sources as kcuda
 
 ARCHS = ("sm_80", "sm_90")
 # Shared memory one block may use after opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
 SMEM_PER_BLOCK = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": 227 * 1024}
+
+
+def check_arch(arch: str) -> None:
+    """ValueError unless `arch` is one the check knows the shared-memory limit of."""
+    if arch not in SMEM_PER_BLOCK:
+        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(SMEM_PER_BLOCK)}")
+
+
 REGISTERS_PER_BLOCK = 65536
 # Head dims compiled by default: the real model (128), the tiny test config (24), and one more.
 DEFAULT_HEAD_DIMS = (128, 24, 64)
@@ -51,6 +68,7 @@ class KernelReport:
     arch: str
     info: PtxasInfo | None
     problems: list[str] = field(default_factory=list)
+    mangled: str = ""  # the entry function's symbol in the cubin ("" when it did not compile)
 
     @property
     def ok(self) -> bool:
@@ -187,8 +205,75 @@ def check_source(source: str, specs: Sequence[kcuda.KernelSpec], arch: str) -> l
     reports = []
     for s in specs:
         info = infos.get(lowered.get(s.name, ""))
-        reports.append(KernelReport(s, arch, info, judge(s, info, arch, warns)))
+        reports.append(KernelReport(s, arch, info, judge(s, info, arch, warns), lowered.get(s.name, "")))
     return reports
+
+
+def build_cubin(spec: kcuda.KernelSpec, arch: str) -> tuple[bytes, KernelReport]:
+    """Compile one instantiation alone for `arch` (its cubin holds that kernel only) and judge it.
+
+    Returns (cubin, report); the cubin is b"" when NVRTC rejected the source (the report says why)."""
+    try:
+        cubin, log, lowered = compile_cubin(spec.source, [spec.name], arch)
+    except CompileError as e:
+        return b"", KernelReport(spec, arch, None, [f"did not compile: {e}"])
+    info = parse_ptxas_log(log).get(lowered.get(spec.name, ""))
+    return cubin, KernelReport(spec, arch, info, judge(spec, info, arch, warnings_in(log)), lowered.get(spec.name, ""))
+
+
+def _cubin_job(job: tuple[kcuda.KernelSpec, str]) -> tuple[str, bytes, KernelReport]:
+    spec, arch = job
+    cubin, report = build_cubin(spec, arch)
+    return cubin_filename(spec, arch), cubin, report
+
+
+def cubin_filename(spec: kcuda.KernelSpec, arch: str) -> str:
+    """`<label>.<arch>.cubin`, e.g. `flash_attn_bf16_hd128.sm_90.cubin`."""
+    return f"{spec.label}.{arch}.cubin"
+
+
+def build_cubins(
+    arch: str = "sm_90", head_dims: Sequence[int] = (128,), workers: int = 1
+) -> list[tuple[str, bytes, KernelReport]]:
+    """Every catalogue instantiation (attention at `head_dims`) built alone for `arch`, with the
+    launchers' options (`sources.compile_options`) plus the check's (`nvrtc_options`).
+
+    Returns `(file name, cubin bytes, report)` per instantiation, in catalogue order; ValueError for
+    an architecture without a shared-memory entry in `sources.OPTIN_SMEM_PER_BLOCK`."""
+    check_arch(arch)
+    jobs = [(s, arch) for s in kcuda.kernel_specs(tuple(head_dims))]
+    if workers <= 1:
+        return [_cubin_job(j) for j in jobs]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_cubin_job, jobs))
+
+
+def write_cubins(built: Sequence[tuple[str, bytes, KernelReport]], directory: str | Path) -> list[Path]:
+    """Write each non-empty cubin into `directory` (created) and `manifest.json`; return the paths written."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    written, manifest = [], []
+    for filename, cubin, r in built:
+        if cubin:
+            (out / filename).write_bytes(cubin)
+            written.append(out / filename)
+        manifest.append(
+            {
+                "file": filename if cubin else None,
+                "kernel": r.spec.name,
+                "label": r.spec.label,
+                "source": r.spec.source,
+                "arch": r.arch,
+                "mangled": r.mangled,
+                "threads": r.spec.threads,
+                "dynamic_smem": r.spec.dynamic_smem,
+                "ptxas": asdict(r.info) if r.info else None,
+                "problems": r.problems,
+            }
+        )
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    written.append(out / "manifest.json")
+    return written
 
 
 def _check_job(job: tuple[str, tuple[kcuda.KernelSpec, ...], str]) -> list[KernelReport]:
@@ -235,11 +320,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m moonvit_kernels.cuda_backend.nvrtc_check", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--arch", nargs="+", default=list(ARCHS), help="GPU architectures (default: sm_80 sm_90)")
+    p.add_argument("--arch", nargs="+", help="GPU architectures (default: sm_80 sm_90; sm_90 with --cubin-dir)")
     p.add_argument("--head-dims", nargs="+", type=int, default=list(DEFAULT_HEAD_DIMS), help="attention head dims")
     p.add_argument("--workers", type=int, default=2, help="parallel NVRTC processes")
+    p.add_argument("--cubin-dir", help="also write every instantiation's cubin and manifest.json here")
     args = p.parse_args(argv)
-    reports = run_checks(args.arch, args.head_dims, args.workers)
+    try:
+        archs = args.arch or (["sm_90"] if args.cubin_dir else list(ARCHS))
+        for a in archs:
+            check_arch(a)
+        for hd in args.head_dims:
+            kcuda.check_head_dim(hd)
+    except ValueError as e:
+        p.error(str(e))
+    if args.cubin_dir:
+        built = [b for a in archs for b in build_cubins(a, args.head_dims, args.workers)]
+        written = write_cubins(built, args.cubin_dir)
+        print(f"wrote {len(written) - 1} cubins and manifest.json to {args.cubin_dir}")
+        reports = [r for _, _, r in built]
+    else:
+        reports = run_checks(archs, args.head_dims, args.workers)
     print(format_table(reports))
     failed = [r for r in reports if not r.ok]
     for r in failed:

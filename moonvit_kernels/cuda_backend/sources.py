@@ -107,6 +107,7 @@ class KernelSpec:
     max_registers: int  # per-thread bound checked at compile time (keeps the intended occupancy)
     dynamic_smem: int = 0  # bytes of dynamic shared memory per block at launch
     max_stack: int = 0  # bytes of local-memory stack frame allowed (spills are never allowed)
+    label: str = ""  # file-name-safe kernel + specialisation, e.g. "gemm_bf16_tc_bf16_gelu_tanh"
 
 
 def gemm_bf16_name(out: str, epilogue: str) -> str:
@@ -139,6 +140,11 @@ def check_head_dim(head_dim: int) -> None:
 
 def _type_name(dtype: str) -> str:
     return "float" if dtype == "float32" else BF16
+
+
+def _tag(dtype: str) -> str:
+    """Short dtype tag for labels: "f32" or "bf16"."""
+    return "f32" if dtype == "float32" else "bf16"
 
 
 def rmsnorm_name(in_dtype: str, out_dtype: str) -> str:
@@ -178,33 +184,38 @@ def kernel_specs(head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:
     specs: list[KernelSpec] = []
     for out in DTYPES:
         for epi in EPILOGUES:
-            specs.append(KernelSpec("gemm_bf16.cu", gemm_bf16_name(out, epi), 256, _REG_GEMM_BF16))
+            label = f"gemm_bf16_tc_{_tag(out)}_{epi}"
+            specs.append(KernelSpec("gemm_bf16.cu", gemm_bf16_name(out, epi), 256, _REG_GEMM_BF16, label=label))
     for epi in EPILOGUES:
-        specs.append(KernelSpec("gemm_fp32.cu", gemm_fp32_name(epi), 256, _REG_GEMM_FP32))
+        specs.append(
+            KernelSpec("gemm_fp32.cu", gemm_fp32_name(epi), 256, _REG_GEMM_FP32, label=f"gemm_fp32_simt_{epi}")
+        )
     for hd in head_dims:
         check_head_dim(hd)
-        specs.append(
-            KernelSpec(
-                "attention.cu",
-                attention_name(hd, "bfloat16"),
-                128,
-                _REG_ATTN_BF16,
-                attention_smem_bytes(hd, "bfloat16"),
+        for dt, bound in (("bfloat16", _REG_ATTN_BF16), ("float32", _REG_ATTN_FP32)):
+            specs.append(
+                KernelSpec(
+                    "attention.cu",
+                    attention_name(hd, dt),
+                    128,
+                    bound,
+                    attention_smem_bytes(hd, dt),
+                    label=f"flash_attn_{_tag(dt)}_hd{hd}",
+                )
             )
-        )
-        specs.append(
-            KernelSpec(
-                "attention.cu", attention_name(hd, "float32"), 128, _REG_ATTN_FP32, attention_smem_bytes(hd, "float32")
-            )
-        )
     for i in DTYPES:
         for o in DTYPES:
-            specs.append(KernelSpec("rmsnorm.cu", rmsnorm_name(i, o), 256, _REG_SMALL))
-            specs.append(KernelSpec("merge.cu", merge_name(i, o), 256, _REG_SMALL))
+            pair = f"{_tag(i)}_{_tag(o)}"
+            specs.append(KernelSpec("rmsnorm.cu", rmsnorm_name(i, o), 256, _REG_SMALL, label=f"rmsnorm_rows_{pair}"))
+            specs.append(KernelSpec("merge.cu", merge_name(i, o), 256, _REG_SMALL, label=f"tpool_merge_{pair}"))
     for dt in DTYPES:
-        specs.append(KernelSpec("rope.cu", rope_name(dt), 256, _REG_SMALL, max_stack=_STACK_SINCOSF))
+        specs.append(
+            KernelSpec(
+                "rope.cu", rope_name(dt), 256, _REG_SMALL, max_stack=_STACK_SINCOSF, label=f"rope_2d_inplace_{_tag(dt)}"
+            )
+        )
     for mode in ("bilinear", "bicubic"):
-        specs.append(KernelSpec("pos_emb.cu", pos_emb_name(mode), 256, _REG_SMALL))
+        specs.append(KernelSpec("pos_emb.cu", pos_emb_name(mode), 256, _REG_SMALL, label=f"add_pos_emb_{mode}"))
     return specs
 
 
