@@ -49,7 +49,7 @@ class Case:
     expected: np.ndarray  # float64 (or int) reference of the output
     bound: np.ndarray | float  # allowed |got − expected|, elementwise or one number
     arg_names: str  # the launch as the learner reads it, e.g. "A, B, C, M, N, K"
-    axes: tuple[str, str] = ("row", "column")
+    axes: tuple[str, str] = ("rows", "columns")  # plural names of the output's two axes
     out_dtype: Any = np.float32
 
 
@@ -123,7 +123,7 @@ def _gemm_case(rng: np.random.Generator) -> Case:
         expected=a.astype(np.float64) @ b.astype(np.float64).T,
         bound=_gemm_bound(a, b),
         arg_names="A, B, C, M, N, K",
-        axes=("row m", "column n"),
+        axes=("rows m", "columns n"),
     )
 
 
@@ -145,7 +145,7 @@ def _rmsnorm_case(rng: np.random.Generator) -> Case:
         expected=want,
         bound=bound,
         arg_names="x, weight, out, rows, cols, eps",
-        axes=("row (token)", "column"),
+        axes=("rows", "columns"),
     )
 
 
@@ -170,7 +170,7 @@ def _rope_rotate_case(rng: np.random.Generator) -> Case:
         expected=want,
         bound=bound,
         arg_names="x, rows, cols, out, head_dim",
-        axes=("token", "dim"),
+        axes=("tokens", "dims"),
     )
 
 
@@ -188,7 +188,7 @@ def _rope_position_case(rng: np.random.Generator) -> Case:
         expected=want,
         bound=0.0,
         arg_names="grid_thws, cu_seqlens, n_items, pos, L",
-        axes=("token", "(row, col)"),
+        axes=("tokens", "entries (0 = row, 1 = col)"),
         out_dtype=np.int32,
     )
 
@@ -216,7 +216,7 @@ def _attention_case(rng: np.random.Generator) -> Case:
         expected=want,
         bound=bound,
         arg_names="q, k, v, out, L, scale",
-        axes=("query", "dim"),
+        axes=("queries", "dims"),
     )
 
 
@@ -242,7 +242,7 @@ def _merge_case(rng: np.random.Generator) -> Case:
         expected=want,
         bound=4 * FP32_EPS * np.abs(want) + 4 * FP32_EPS * np.abs(x).max(),
         arg_names="x, out, t, h, w, D",
-        axes=("merged token", "column slot·D + d"),
+        axes=("merged tokens", "columns (slot·D + d)"),
     )
 
 
@@ -259,7 +259,7 @@ def _fused_gather_case(rng: np.random.Generator) -> Case:
         expected=a @ b.astype(np.float64).T,
         bound=_gemm_bound(a, b) * 2,
         arg_names="x, B, C, t, h, w, D, N",
-        axes=("merged token m", "column n"),
+        axes=("merged tokens m", "columns n"),
     )
 
 
@@ -371,8 +371,8 @@ def _where(mask: np.ndarray, axes: tuple[str, str], total: tuple[int, ...]) -> s
     """Which rows and columns hold the True entries of a 2-D mask, in words."""
     rows = np.flatnonzero(mask.any(axis=1))
     cols = np.flatnonzero(mask.any(axis=0))
-    row_text = f"every {axes[0]}" if len(rows) == total[0] else f"{axes[0]}s {_ranges(rows)}"
-    col_text = f"every {axes[1]}" if len(cols) == total[1] else f"{axes[1]}s {_ranges(cols)}"
+    row_text = f"all {axes[0]}" if len(rows) == total[0] else f"{axes[0]} {_ranges(rows)}"
+    col_text = f"all {axes[1]}" if len(cols) == total[1] else f"{axes[1]} {_ranges(cols)}"
     return f"{row_text}; {col_text}"
 
 
@@ -398,7 +398,7 @@ def _diagnose(case: Case, got: np.ndarray, guard: np.ndarray) -> list[str]:
     problems = []
     if np.any(guard != fill):
         problems.append(
-            f"the kernel wrote past the last {case.axes[0]} of the output (into the {GUARD_ROWS} guard rows "
+            f"the kernel wrote past the end of the output (into the {GUARD_ROWS} guard rows "
             "after it): an index runs out of bounds — is a bounds test missing?"
         )
     unwritten = (got == fill).reshape(shape2)
