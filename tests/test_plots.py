@@ -210,6 +210,17 @@ def test_plot_architecture_draws_one_box_per_stage():
         assert "[" + ", ".join(str(d) for d in s.shape) + "]" in texts
 
 
+def test_plot_architecture_shows_both_norms_residuals_and_the_repeat():
+    k3 = VisionConfig.k3()
+    names = [s.name for s in plots.stage_shapes(k3, [[1, 64, 64]])]
+    assert names.index("norm0") < names.index("qkv") < names.index("norm1") < names.index("mlp")
+    residual = [s.name for s in plots.stage_shapes(k3, [[1, 64, 64]]) if s.adds_residual]
+    assert residual == ["x + o @ woᵀ", "x + fc1(·)"]
+    texts = [t.get_text() for t in plots.plot_architecture(k3, [[1, 64, 64]]).axes[0].texts]
+    assert texts.count("⊕") == 2  # one residual add per skip branch
+    assert "encoder block × 27" in texts
+
+
 @pytest.mark.parametrize("config", [TINY, VisionConfig.k3()], ids=["tiny", "k3"])
 def test_parameter_table_adds_up_to_parameter_count(config):
     rows = plots.parameter_table(config)

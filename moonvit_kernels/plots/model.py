@@ -38,6 +38,7 @@ class Stage:
     shape: tuple[int, ...]
     what: str
     in_layer: bool = False  # True for the steps inside one encoder block
+    adds_residual: bool = False  # True where the block adds its skip branch (x + ...)
 
 
 def stage_shapes(config: VisionConfig, grid_thws: Any) -> list[Stage]:
@@ -60,9 +61,10 @@ def stage_shapes(config: VisionConfig, grid_thws: Any) -> list[Stage]:
         Stage("qkv", (L, 3 * Q), "a @ wqkvᵀ; index s·Q + head·hd + d", True),
         Stage("rope2d(q, k)", (L, H, hd), "interleaved pairs: width on even, height on odd slots", True),
         Stage("attention", (L, Q), "per media item, non-causal, softmax in fp32", True),
-        Stage("x + o @ woᵀ", (L, D), "wo is [D, Q]", True),
-        Stage("mlp", (L, I), "rmsnorm → fc0 → GELU(tanh)", True),
-        Stage("x + fc1(·)", (L, D), "residual", True),
+        Stage("x + o @ woᵀ", (L, D), "wo is [D, Q]; adds the skip branch", True, True),
+        Stage("norm1", (L, D), "rmsnorm", True),
+        Stage("mlp", (L, I), "fc0 → GELU(tanh)", True),
+        Stage("x + fc1(·)", (L, D), "adds the skip branch", True, True),
         Stage("layer_i", (L, D), f"× {n} encoder blocks"),
         Stage("final_norm", (L, D), "rmsnorm"),
         Stage("merged", (M, kh * kw * D), f"{kh}×{kw} neighbours side by side, mean over frames"),
@@ -71,31 +73,64 @@ def stage_shapes(config: VisionConfig, grid_thws: Any) -> list[Stage]:
 
 
 def plot_architecture(config: VisionConfig, grid_thws: Any, title: str | None = None) -> Figure:
-    """The tower as a column of boxes (one per `stage_shapes` entry, the encoder block framed)."""
-    from matplotlib.patches import FancyBboxPatch
+    """The tower as a column of boxes, one per `stage_shapes` entry, with shapes.
+
+    The encoder block is framed and drawn once, marked "× N" with an arrow from its output back
+    to its input; its two skip branches are drawn as arrows from the block input (and from the
+    attention sum) around the norms into the two `⊕` residual adds.
+    """
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
     stages = stage_shapes(config, grid_thws)
-    fig = Figure(figsize=(9, 0.62 * len(stages) + 0.8), layout="constrained")
+    n = len(stages)
+    fig = Figure(figsize=(9.5, 0.62 * n + 0.9), layout="constrained")
     ax = fig.subplots()
-    ax.set_xlim(0, 10)
-    ax.set_ylim(-0.6, len(stages) + 0.2)
+    ax.set_xlim(0, 10.6)
+    ax.set_ylim(-0.6, n + 0.2)
     ax.axis("off")
-    block_rows = [i for i, s in enumerate(stages) if s.in_layer]
+
+    def y_of(i: int) -> float:
+        return n - 1 - i
+
+    arrow = {"arrowstyle": "->", "color": "0.5"}
     for i, s in enumerate(stages):
-        y = len(stages) - 1 - i
-        x0 = 0.9 if s.in_layer else 0.3
-        colour = "#dbe9f6" if s.in_layer else ("#fde2c8" if i in (0, len(stages) - 1) else "#e4f2df")
-        ax.add_patch(FancyBboxPatch((x0, y - 0.32), 3.6, 0.64, boxstyle="round,pad=0.02", fc=colour, ec="0.35"))
+        y = y_of(i)
+        x0 = 1.4 if s.in_layer else 0.3
+        colour = "#dbe9f6" if s.in_layer else ("#fde2c8" if i in (0, n - 1) else "#e4f2df")
+        ax.add_patch(FancyBboxPatch((x0, y - 0.32), 3.4, 0.64, boxstyle="round,pad=0.02", fc=colour, ec="0.35"))
         ax.text(x0 + 0.15, y, s.name, va="center", fontsize=10, family="monospace", weight="bold")
-        ax.text(x0 + 3.95, y + 0.1, "[" + ", ".join(str(d) for d in s.shape) + "]", va="center", fontsize=10)
-        ax.text(x0 + 3.95, y - 0.2, s.what, va="center", fontsize=8, color="0.3")
-        if i + 1 < len(stages):
-            ax.annotate("", (2.4, y - 0.62), (2.4, y - 0.34), arrowprops={"arrowstyle": "->", "color": "0.5"})
-    if block_rows:
-        top = len(stages) - 1 - block_rows[0] + 0.45
-        bottom = len(stages) - 1 - block_rows[-1] - 0.45
-        ax.add_patch(FancyBboxPatch((0.7, bottom), 9.2, top - bottom, boxstyle="round,pad=0.02", fc="none", ec="C0"))
-        ax.text(9.8, top - 0.25, f"encoder block × {config.vt_num_hidden_layers}", ha="right", color="C0")
+        ax.text(x0 + 3.6, y + 0.1, "[" + ", ".join(str(d) for d in s.shape) + "]", va="center", fontsize=10)
+        ax.text(x0 + 3.6, y - 0.2, s.what, va="center", fontsize=8, color="0.3")
+        if i + 1 < n:
+            ax.annotate("", (2.6, y - 0.62), (2.6, y - 0.34), arrowprops=arrow)
+    block = [i for i, s in enumerate(stages) if s.in_layer]
+    if block:
+        top, bottom = y_of(block[0]) + 0.5, y_of(block[-1]) - 0.5
+        ax.add_patch(FancyBboxPatch((0.75, bottom), 9.7, top - bottom, boxstyle="round,pad=0.02", fc="none", ec="C0"))
+        layers = config.vt_num_hidden_layers
+        ax.text(10.35, top - 0.25, f"encoder block × {layers}", ha="right", color="C0", weight="bold")
+        ax.text(10.35, top - 0.55, "(one block drawn; its output feeds the next)", ha="right", color="C0", fontsize=8)
+        ax.add_patch(
+            FancyArrowPatch(
+                (10.1, bottom + 0.15),
+                (10.1, top - 0.75),
+                connectionstyle="arc3,rad=-0.25",
+                color="C0",
+                arrowstyle="->",
+                mutation_scale=12,
+            )
+        )
+        # Skip branches: from the junction above each norm to the residual add below it.
+        start = y_of(block[0]) + 0.47
+        for i, s in enumerate(stages):
+            if not (s.in_layer and s.adds_residual):
+                continue
+            y = y_of(i)
+            ax.plot([2.6, 1.05, 1.05], [start, start, y], color="C3", lw=1.3)
+            ax.annotate("", (1.4, y), (1.05, y), arrowprops={"arrowstyle": "->", "color": "C3", "lw": 1.3})
+            ax.text(1.2, y + 0.02, "⊕", ha="center", va="center", fontsize=13, color="C3")
+            start = y - 0.47  # the next branch starts from this sum
+        ax.text(0.93, (top + bottom) / 2, "skip branches", color="C3", fontsize=8, rotation=90, ha="right", va="center")
     L, M = _token_counts(config, grid_thws)
     ax.set_title(title or f"MoonViT-V2 on grid_thws {_grid(grid_thws).tolist()}: L = {L} tokens, M = {M} merged")
     return fig
