@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32
 
+from .device_functions import REDUCE_MAX, REDUCE_SUM, block_reduce
 from .launch import ceil_div, check_array, check_positive, device_array, to_device
 
 VERSIONS = (1, 2)
@@ -60,41 +61,6 @@ SIGNATURE_V2 = "void(float32[:, ::1], int32[::1], int32[:, ::1], float32[:, ::1]
 _NEG_INF = np.float32(-np.inf)
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
-
-
-# ============================================================================ block reductions (v1)
-@cuda.jit(device=True)
-def block_max(buf, value):
-    """Max of `value` over the block's threads; `buf` is a shared array of blockDim.x (a power of 2) floats."""
-    tid = cuda.threadIdx.x
-    buf[tid] = value
-    cuda.syncthreads()
-    stride = buf.shape[0] // 2
-    while stride > 0:
-        if tid < stride:
-            buf[tid] = max(buf[tid], buf[tid + stride])
-        cuda.syncthreads()
-        stride //= 2
-    result = buf[0]
-    cuda.syncthreads()  # everyone has read buf[0] before the buffer is reused
-    return result
-
-
-@cuda.jit(device=True)
-def block_sum(buf, value):
-    """Sum of `value` over the block's threads; `buf` as in `block_max`."""
-    tid = cuda.threadIdx.x
-    buf[tid] = value
-    cuda.syncthreads()
-    stride = buf.shape[0] // 2
-    while stride > 0:
-        if tid < stride:
-            buf[tid] += buf[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
-    result = buf[0]
-    cuda.syncthreads()
-    return result
 
 
 def _named(fn: Callable, name: str) -> Callable:
@@ -151,7 +117,7 @@ def make_attention_v1(head_dim: int, threads: int) -> Callable:
                 s += q_s[d] * qkv[kv_start + j, k_col + d]
             scores[j] = s
             m_local = max(m_local, s)
-        m = block_max(red, m_local)
+        m = block_reduce(red, m_local, REDUCE_MAX)
 
         # 2. p_j = exp(s_j − m) in place, and their sum
         l_local = _ZERO
@@ -159,7 +125,7 @@ def make_attention_v1(head_dim: int, threads: int) -> Callable:
             p = math.exp(scores[j] - m)
             scores[j] = p
             l_local += p
-        l_sum = block_sum(red, l_local)  # its syncs also publish every p_j to the block
+        l_sum = block_reduce(red, l_local, REDUCE_SUM)  # its syncs also publish every p_j to the block
 
         # 3. o[d] = Σ_j p_j · v_j[d] / l
         inv_l = _ONE / l_sum

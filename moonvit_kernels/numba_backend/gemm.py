@@ -57,12 +57,23 @@ _INV_SQRT2 = np.float32(1.0 / math.sqrt(2.0))
 
 
 # ============================================================================ epilogues
-# Ids baked into each specialisation as a compile-time constant: the compiler folds the
-# `if EPILOGUE == ...` chain at the store, so each kernel holds only its own epilogue code.
-# (The chain is written out in each kernel rather than called as a device function: numba-cuda
-# needs a real device to type a device-function call, which would break compile_ptx without a GPU.)
+# Ids baked into each specialisation as a compile-time constant: `apply_epilogue` is inlined
+# into the kernel, so the compiler folds its `if epilogue == ...` chain and each kernel holds
+# only its own epilogue code.
 EPILOGUE_IDS = {name: i for i, name in enumerate(EPILOGUES)}
 NONE, GELU_TANH, GELU_ERF, RESIDUAL = (EPILOGUE_IDS[name] for name in EPILOGUES)
+
+
+@cuda.jit(device=True, inline="always")
+def apply_epilogue(v, epilogue, R, m, n):
+    """The epilogue with id `epilogue` applied to the accumulated `v = (A·Bᵀ)[m, n]`; R is read only for RESIDUAL."""
+    if epilogue == GELU_TANH:  # 0.5·v·(1 + tanh(√(2/π)·v·(1 + 0.044715·v²)))
+        return _HALF * v * (_ONE + math.tanh(_GELU_C * (v * (_ONE + _GELU_CUBIC * v * v))))
+    if epilogue == GELU_ERF:  # 0.5·v·(1 + erf(v/√2))
+        return _HALF * v * (_ONE + math.erf(v * _INV_SQRT2))
+    if epilogue == RESIDUAL:
+        return v + R[m, n]
+    return v
 
 
 # ============================================================================ v1: one thread per output
@@ -76,14 +87,7 @@ def _make_gemm_v1(epilogue: str) -> Any:
             acc = float32(0.0)
             for k in range(K):
                 acc += A[m, k] * B[n, k]
-            v = acc
-            if EPILOGUE == GELU_TANH:  # 0.5·v·(1 + tanh(√(2/π)·v·(1 + 0.044715·v²)))
-                v = _HALF * v * (_ONE + math.tanh(_GELU_C * (v * (_ONE + _GELU_CUBIC * v * v))))
-            elif EPILOGUE == GELU_ERF:  # 0.5·v·(1 + erf(v/√2))
-                v = _HALF * v * (_ONE + math.erf(v * _INV_SQRT2))
-            elif EPILOGUE == RESIDUAL:
-                v += R[m, n]
-            C[m, n] = v
+            C[m, n] = apply_epilogue(acc, EPILOGUE, R, m, n)
 
     return jit_named(gemm_v1, f"gemm_v1_{epilogue}")
 
@@ -112,14 +116,7 @@ def _make_gemm_v2(epilogue: str) -> Any:
                 acc += a_tile[ty, kk] * b_tile[tx, kk]
             cuda.syncthreads()
         if m < M and n < N:
-            v = acc
-            if EPILOGUE == GELU_TANH:  # 0.5·v·(1 + tanh(√(2/π)·v·(1 + 0.044715·v²)))
-                v = _HALF * v * (_ONE + math.tanh(_GELU_C * (v * (_ONE + _GELU_CUBIC * v * v))))
-            elif EPILOGUE == GELU_ERF:  # 0.5·v·(1 + erf(v/√2))
-                v = _HALF * v * (_ONE + math.erf(v * _INV_SQRT2))
-            elif EPILOGUE == RESIDUAL:
-                v += R[m, n]
-            C[m, n] = v
+            C[m, n] = apply_epilogue(acc, EPILOGUE, R, m, n)
 
     return jit_named(gemm_v2, f"gemm_v2_{epilogue}")
 
@@ -176,14 +173,7 @@ def _make_gemm_v3(epilogue: str) -> Any:
             for j in range(TN):
                 n = n0 + tx * TN + j
                 if m < M and n < N:
-                    v = acc[i, j]
-                    if EPILOGUE == GELU_TANH:  # 0.5·v·(1 + tanh(√(2/π)·v·(1 + 0.044715·v²)))
-                        v = _HALF * v * (_ONE + math.tanh(_GELU_C * (v * (_ONE + _GELU_CUBIC * v * v))))
-                    elif EPILOGUE == GELU_ERF:  # 0.5·v·(1 + erf(v/√2))
-                        v = _HALF * v * (_ONE + math.erf(v * _INV_SQRT2))
-                    elif EPILOGUE == RESIDUAL:
-                        v += R[m, n]
-                    C[m, n] = v
+                    C[m, n] = apply_epilogue(acc[i, j], EPILOGUE, R, m, n)
 
     return jit_named(gemm_v3, f"gemm_v3_{epilogue}")
 

@@ -20,6 +20,7 @@ import numpy as np
 from numba import cuda, float32
 
 from . import launch
+from .device_functions import find_item
 from .launch import (
     ITEM_MERGED_OFFSET,
     ITEM_TOKEN_OFFSET,
@@ -39,20 +40,16 @@ def merge_gather_kernel(x, items, out, n_items, M_total, D, kh, kw):
     m = cuda.blockIdx.x
     if m >= M_total:
         return
-    item = -1
-    for n in range(n_items):
-        first = items[n, 4]
-        if first <= m and m < first + (items[n, 1] // kh) * (items[n, 2] // kw):
-            item = n
+    item = find_item(items, ITEM_MERGED_OFFSET, n_items, m)
     if item < 0:
         return
     t = items[item, 0]
     h = items[item, 1]
     w = items[item, 2]
-    local = m - items[item, 4]
+    local = m - items[item, ITEM_MERGED_OFFSET]
     i = local // (w // kw)
     j = local % (w // kw)
-    frame0 = items[item, 3]
+    frame0 = items[item, ITEM_TOKEN_OFFSET]
     inv_t = float32(1.0) / float32(t)
     for col in range(cuda.threadIdx.x, kh * kw * D, cuda.blockDim.x):
         slot = col // D

@@ -26,6 +26,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from .. import reference
+from .device_functions import find_item
 from .launch import ITEM_TOKEN_OFFSET, check_array, copy_back, jit_named, threads_for, to_device
 
 MODES = ("bilinear", "bicubic")
@@ -57,18 +58,13 @@ def _make_kernel(mode: str) -> Any:
         l = cuda.blockIdx.x
         if l >= L:
             return
-        # token -> media item (few items: a linear scan)
-        item = -1
-        for n in range(n_items):
-            start = items[n, 3]
-            if start <= l and l < start + items[n, 0] * items[n, 1] * items[n, 2]:
-                item = n
+        item = find_item(items, ITEM_TOKEN_OFFSET, n_items, l)
         if item < 0:
             return
         t = items[item, 0]
         h = items[item, 1]
         w = items[item, 2]
-        local = l - items[item, 3]
+        local = l - items[item, ITEM_TOKEN_OFFSET]
         f = local // (h * w)
         p = local % (h * w)
 

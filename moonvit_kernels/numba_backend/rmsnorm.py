@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32
 
+from .device_functions import REDUCE_SUM, block_reduce
 from .launch import check_array, copy_back, device_array, jit_named, threads_for, to_device
 
 BLOCK_SIZES = (32, 64, 128, 256)
@@ -42,15 +43,8 @@ def kernel_for(threads: int) -> Any:
         for j in range(tid, cols, THREADS):
             v = x[row, j]
             acc += v * v
-        partial[tid] = acc
-        cuda.syncthreads()
-        stride = THREADS // 2
-        while stride > 0:
-            if tid < stride:
-                partial[tid] += partial[tid + stride]
-            cuda.syncthreads()
-            stride //= 2
-        r = float32(1.0) / math.sqrt(partial[0] / float32(cols) + eps)
+        total = block_reduce(partial, acc, REDUCE_SUM)
+        r = float32(1.0) / math.sqrt(total / float32(cols) + eps)
         if tid == 0:
             rstd[row] = r
         # Each thread reads x[row, j] before writing out[row, j], and all reads of pass 1

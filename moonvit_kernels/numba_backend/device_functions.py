@@ -1,0 +1,64 @@
+"""Device functions shared by several kernels: the block tree reduction and the token -> item lookup.
+
+Every function here is `@cuda.jit(device=True, inline="always")`: numba inlines it into the
+calling kernel before type inference, so `cuda.compile_ptx` builds the kernel without a GPU
+(a plain `device=True` callee needs the current device's compute capability), the simulator
+runs it as an ordinary Python call, and arguments that are compile-time constants in the caller
+(`op` below) fold away as if the body had been written in place.
+"""
+
+from __future__ import annotations
+
+from numba import cuda
+
+# `op` of `block_reduce`.
+REDUCE_SUM = 0
+REDUCE_MAX = 1
+
+
+@cuda.jit(device=True, inline="always")
+def block_reduce(buf, value, op):
+    """Sum (`op == REDUCE_SUM`) or max (`REDUCE_MAX`) of `value` over the block's threads, returned to all.
+
+    `buf` is a shared float32 array with exactly blockDim.x (a power of two) elements, indexed by
+    threadIdx.x; the threads halve at each step of the tree. Every thread of the block must call it
+    (it synchronises); `buf` may be reused right after, since the last sync follows the read of buf[0].
+    """
+    tid = cuda.threadIdx.x
+    buf[tid] = value
+    cuda.syncthreads()
+    stride = buf.shape[0] // 2
+    while stride > 0:
+        if tid < stride:
+            if op == REDUCE_MAX:
+                buf[tid] = max(buf[tid], buf[tid + stride])
+            else:
+                buf[tid] += buf[tid + stride]
+        cuda.syncthreads()
+        stride //= 2
+    result = buf[0]
+    cuda.syncthreads()
+    return result
+
+
+@cuda.jit(device=True, inline="always")
+def find_item(items, offset_col, n_items, index):
+    """The packed media item holding `index`: the last row n < n_items with `items[n, offset_col] <= index`.
+
+    `items [N, C]` int32 (`launch.item_table`), whose column `offset_col` holds each item's first
+    token (or first merged token): 0 for item 0, strictly increasing (every item is non-empty).
+    Binary search, so the cost is log2(N) reads whatever the number of items. Returns -1 when
+    `index` precedes item 0; an index past the last item returns the last item, so callers
+    bound-check `index` against the total first.
+    """
+    if n_items < 1 or index < items[0, offset_col]:
+        return -1
+    lo = 0
+    hi = n_items
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if items[mid, offset_col] <= index:
+            lo = mid
+        else:
+            hi = mid
+    return lo
