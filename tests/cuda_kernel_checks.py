@@ -115,6 +115,42 @@ def check_rmsnorm(k: Any, rows: int, D: int, in_dtype: str, out_dtype: str, eps:
     assert_close(host(rstd), want_rstd, rtol=fp32_rtol(D), atol=0.0, name=name + " rstd")
 
 
+def flush_denormals(x: np.ndarray) -> np.ndarray:
+    """float32 `x` with subnormals replaced by signed zero (what -ftz=true does to fp32 operands)."""
+    x = np.asarray(x, dtype=np.float32)
+    return np.where(np.abs(x) < np.finfo(np.float32).tiny, np.copysign(np.float32(0.0), x), x)
+
+
+def check_rmsnorm_flushes_denormals(k: Any, in_dtype: str, D: int = 36, eps: float = 1e-6, seed: int = 0) -> None:
+    """-ftz=true on the GPU, FTZ|DAZ in the emulator: subnormal inputs count as signed zero.
+
+    Row 0 holds only subnormals (mean square 0, so rstd = 1/sqrt(eps) = 1000 and y = x·1000·w would be
+    a normal number, ~1e-35, if x were not flushed); row 1 is ordinary data with a few subnormals,
+    which must come out as signed zeros, the rest as the reference."""
+    rng = np.random.default_rng(seed)
+    tiny = np.finfo(np.float32).tiny
+    sub = (rng.uniform(0.05, 0.95, D) * tiny * rng.choice([-1.0, 1.0], D)).astype(np.float32)
+    if in_dtype == "bfloat16":  # values bf16 holds exactly (subnormal bf16: exponent bits zero)
+        sub = bf16_round(sub)
+    row1 = random(rng, (D,), 2.0)
+    holes = rng.choice(D, 5, replace=False)
+    row1[holes] = sub[holes]
+    x_host = np.stack([sub, row1])
+    assert np.all(np.abs(x_host[0]) < tiny) and np.all(x_host[0] != 0)
+    x, x_ref = upload(k, x_host, in_dtype)
+    w_host = (1.0 + 0.25 * rng.standard_normal(D)).astype(np.float32)
+    got, rstd = k.rmsnorm(x, k.array_module().asarray(w_host), eps, return_rstd=True)
+    got, rstd = download(got), host(rstd)
+    flushed = flush_denormals(x_ref.astype(np.float32)).astype(np.float64)
+    want, want_rstd = ref.rmsnorm(flushed, w_host.astype(np.float64), eps, return_rstd=True)
+    unflushed = ref.rmsnorm(x_ref, w_host.astype(np.float64), eps)
+    assert np.all(np.abs(unflushed[0]) > 1e-37), "the test needs row 0 to be visible without flushing"
+    assert np.all(got[0] == 0.0) and np.array_equal(np.signbit(got[0]), np.signbit(x_host[0] * w_host)), got[0]
+    assert np.all(got[1, holes] == 0.0), got[1, holes]
+    assert_close(got, want, rtol=fp32_rtol(D), atol=0.0, name=f"rmsnorm ftz {in_dtype}")
+    assert_close(rstd, want_rstd, rtol=fp32_rtol(D), atol=0.0, name=f"rmsnorm ftz {in_dtype} rstd")
+
+
 # ============================================================================ RoPE
 def check_rope(k: Any, dtype: str, grid: np.ndarray, heads: int, head_dim: int, seed: int = 0) -> None:
     """k.rope_inplace on q and k of a packed qkv vs reference.apply_rope; v must be untouched."""

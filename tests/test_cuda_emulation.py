@@ -8,6 +8,8 @@ is a fiber, so sizes stay at a few blocks. Marked `compile` (it builds the kerne
 target); skipped when no C++20 compiler is present.
 """
 
+import platform
+
 import numpy as np
 import pytest
 from cuda_kernel_checks import (
@@ -17,6 +19,7 @@ from cuda_kernel_checks import (
     check_merge,
     check_pos_emb,
     check_rmsnorm,
+    check_rmsnorm_flushes_denormals,
     check_rope,
 )
 
@@ -69,6 +72,22 @@ def test_rmsnorm(k, rows, D):
     for in_dtype in ("float32", "bfloat16"):
         for out_dtype in ("float32", "bfloat16"):
             check_rmsnorm(k, rows, D, in_dtype, out_dtype)
+
+
+@pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64", "i686", "aarch64", "arm64"),
+    reason="the emulator sets flush-to-zero on x86 and AArch64 only",
+)
+@pytest.mark.parametrize("in_dtype", ["float32", "bfloat16"])
+def test_rmsnorm_flushes_denormals_like_ftz(k, in_dtype):
+    """The kernels are built with -ftz=true (as CuPy builds them); the emulator flushes the same way."""
+    check_rmsnorm_flushes_denormals(k, in_dtype)
+
+
+def test_emulator_leaves_the_callers_denormals_alone(k):
+    check_rmsnorm_flushes_denormals(k, "float32")
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    assert np.float32(tiny) * np.float32(0.5) != 0  # the launch restored the caller's FP mode
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -18,6 +18,7 @@ from cuda_kernel_checks import (
     check_merge,
     check_pos_emb,
     check_rmsnorm,
+    check_rmsnorm_flushes_denormals,
     check_rope,
 )
 
@@ -159,6 +160,13 @@ def test_rmsnorm(k, rows, D_):
     for in_dtype in ("float32", "bfloat16"):
         for out_dtype in ("float32", "bfloat16"):
             check_rmsnorm(k, rows, D_, in_dtype, out_dtype)
+
+
+@gpu
+@pytest.mark.parametrize("in_dtype", ["float32", "bfloat16"])
+def test_rmsnorm_flushes_denormals(k, in_dtype):
+    """CuPy compiles with -ftz=true: the hardware flushes as the emulator does (test_cuda_emulation)."""
+    check_rmsnorm_flushes_denormals(k, in_dtype)
 
 
 @gpu

@@ -221,3 +221,24 @@ def test_labels_are_unique_file_names():
     labels = [s.label for s in specs]
     assert len(set(labels)) == len(labels)
     assert all(label and label.replace("_", "").isalnum() for label in labels)
+
+
+# ============================================================================ one option set
+def test_compile_check_uses_the_launchers_options_with_ftz():
+    """CuPy appends -ftz=true to every compile; the shared options carry it, so the check measures CuPy's binary."""
+    opts = kcuda.compile_options()
+    assert kcuda.FTZ_OPTION == "-ftz=true" and kcuda.FTZ_OPTION in opts
+    assert nvrtc_check.nvrtc_options("sm_90")[: len(opts)] == list(opts)
+
+
+def test_ftz_changes_the_binary_and_cupys_second_ftz_is_harmless(monkeypatch):
+    """-ftz=true builds another binary (flushing multiply) and NVRTC accepts it twice, as CuPy passes it."""
+    src = 'extern "C" __global__ void k(float* p) { p[0] = p[1] * p[2] + p[3] / p[4]; }'
+    with_ftz, _, _ = nvrtc_check.compile_text(src, "ftz.cu", ["k"], "sm_90")
+    base = nvrtc_check.nvrtc_options
+    monkeypatch.setattr(nvrtc_check, "nvrtc_options", lambda arch: [*base(arch), "-ftz=true"])
+    twice, _, _ = nvrtc_check.compile_text(src, "ftz.cu", ["k"], "sm_90")
+    monkeypatch.setattr(nvrtc_check, "nvrtc_options", lambda arch: [o for o in base(arch) if o != "-ftz=true"])
+    without, _, _ = nvrtc_check.compile_text(src, "ftz.cu", ["k"], "sm_90")
+    assert twice == with_ftz
+    assert without != with_ftz

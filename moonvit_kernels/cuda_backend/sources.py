@@ -21,8 +21,11 @@ files through g++, tests/test_cuda_emulation.py).
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import re
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,10 +66,38 @@ def _inline(name: str, seen: set[str]) -> str:
     return _LOCAL_INCLUDE.sub(expand, text)
 
 
-@functools.cache
-def cuda_include_dir() -> str:
-    """Directory holding `cuda_bf16.h`: $MOONVIT_CUDA_INCLUDE, else the pip wheel `nvidia-cuda-runtime`
-    (found with cuda.pathfinder), else $CUDA_PATH/include or /usr/local/cuda/include."""
+_VERSION_DEFINES = (
+    ("cuda.h", re.compile(r"^#define\s+CUDA_VERSION\s+(\d+)", re.MULTILINE)),
+    ("cuda_runtime_api.h", re.compile(r"^#define\s+CUDART_VERSION\s+(\d+)", re.MULTILINE)),
+)
+
+
+def header_cuda_version(include_dir: str | os.PathLike) -> int | None:
+    """The CUDA version the headers in `include_dir` declare (CUDA_VERSION in cuda.h, else CUDART_VERSION
+    in cuda_runtime_api.h; 12080 means 12.8), or None when neither file says."""
+    for name, pattern in _VERSION_DEFINES:
+        path = Path(include_dir) / name
+        if path.is_file() and (m := pattern.search(path.read_text(encoding="utf-8", errors="replace"))):
+            return int(m.group(1))
+    return None
+
+
+def nvrtc_major_of_bindings() -> int | None:
+    """Major version of the NVRTC that cuda-bindings loads (the compile check's), None without cuda-bindings."""
+    try:
+        from cuda.bindings import nvrtc
+
+        err, major, _minor = nvrtc.nvrtcVersion()
+    except Exception:  # cuda-bindings or the NVRTC library missing
+        return None
+    return int(major) if err == nvrtc.nvrtcResult.NVRTC_SUCCESS else None
+
+
+def include_candidates(nvrtc_major: int | None) -> list[str]:
+    """Directories that may hold `cuda_bf16.h`, in order of preference: $MOONVIT_CUDA_INCLUDE, the one
+    cuda.pathfinder finds, the pip wheels' layouts (`nvidia/cu<major>/include` of CUDA 13+,
+    `nvidia/cuda_runtime/include` of CUDA 12) on sys.path, $CUDA_PATH, $CUDA_HOME, /usr/local/cuda and
+    /usr/local/cuda-<major>.*."""
     candidates = []
     if os.environ.get("MOONVIT_CUDA_INCLUDE"):
         candidates.append(os.environ["MOONVIT_CUDA_INCLUDE"])
@@ -75,25 +106,74 @@ def cuda_include_dir() -> str:
 
         found = find_nvidia_header_directory("cudart")
         if found:
-            candidates.append(found)
+            candidates.append(str(found))
     except Exception:  # pathfinder missing or unable to look: fall through to the usual places
         pass
+    wheel_dirs = [f"cu{nvrtc_major}"] if nvrtc_major is not None else ["cu*"]
+    for entry in sys.path:
+        root = Path(entry or ".") / "nvidia"
+        for pattern in (*wheel_dirs, "cuda_runtime"):
+            candidates.extend(str(d) for d in sorted(root.glob(f"{pattern}/include"), reverse=True))
     for env in ("CUDA_PATH", "CUDA_HOME"):
         if os.environ.get(env):
             candidates.append(os.path.join(os.environ[env], "include"))
     candidates.append("/usr/local/cuda/include")
+    if nvrtc_major is not None:
+        candidates.extend(sorted(glob.glob(f"/usr/local/cuda-{nvrtc_major}.*/include"), reverse=True))
+    return list(dict.fromkeys(candidates))  # first occurrence of each
+
+
+def select_include_dir(candidates: Sequence[str], nvrtc_major: int | None) -> str:
+    """The first candidate holding `cuda_bf16.h` whose headers' CUDA major equals `nvrtc_major` (any
+    version when None); a directory whose version cannot be read is taken only when none matches, one
+    of another major never (NVRTC 12 rejects CUDA 13 headers and the reverse). RuntimeError listing
+    what each candidate holds when nothing fits."""
+    unknown, seen = [], []
     for c in candidates:
-        if os.path.isfile(os.path.join(c, "cuda_bf16.h")):
+        if not os.path.isfile(os.path.join(c, "cuda_bf16.h")):
+            seen.append(f"{c} (no cuda_bf16.h)")
+            continue
+        version = header_cuda_version(c)
+        if version is None:
+            unknown.append(c)
+            seen.append(f"{c} (version unknown)")
+        elif nvrtc_major is None or version // 1000 == nvrtc_major:
             return c
+        else:
+            seen.append(f"{c} (CUDA {version // 1000}.{version % 1000 // 10})")
+    if unknown:
+        return unknown[0]
+    wanted = f"CUDA {nvrtc_major} " if nvrtc_major is not None else ""
+    hint = f"nvidia-cuda-runtime-cu{nvrtc_major}" if nvrtc_major == 12 else "'cuda-toolkit[cudart]'"
     raise RuntimeError(
-        "cuda_bf16.h not found (looked in: " + ", ".join(candidates) + "). Install the CUDA runtime headers "
-        "(pip install 'cuda-toolkit[cudart]', pulled in by numba-cuda[cu13]) or set MOONVIT_CUDA_INCLUDE."
+        f"no {wanted}headers with cuda_bf16.h for NVRTC {nvrtc_major} (looked in: {', '.join(seen) or 'nowhere'}). "
+        f"Install them (pip install {hint}) or set MOONVIT_CUDA_INCLUDE to the include directory of the "
+        "CUDA toolkit whose NVRTC is in use."
     )
 
 
-def compile_options() -> tuple[str, ...]:
-    """NVRTC options shared by CuPy and the compile check (the architecture is added by each)."""
-    return ("--std=c++17", f"-I{cuda_include_dir()}")
+@functools.cache
+def cuda_include_dir(nvrtc_major: int | None = None) -> str:
+    """Include directory (holding `cuda_bf16.h`) whose CUDA major matches the NVRTC that compiles:
+    `nvrtc_major` (the launchers pass CuPy's), else the one cuda-bindings loads (the compile check's).
+    See `include_candidates` for where it looks and `select_include_dir` for the choice."""
+    if nvrtc_major is None:
+        nvrtc_major = nvrtc_major_of_bindings()
+    return select_include_dir(include_candidates(nvrtc_major), nvrtc_major)
+
+
+# CuPy appends -ftz=true to every NVRTC compile (cupy/cuda/compiler.py, _compile_with_cache_cuda), so
+# it is part of the one option set: the compile check then measures the binaries CuPy runs, and the
+# emulator flushes fp32 denormals the same way (emulation/prelude.h). Single-precision arithmetic,
+# division, sqrt and the approximate transcendentals (ex2.approx.ftz, rsqrt.approx.ftz) read and write
+# subnormal floats as signed zero; conversions and bf16 bit moves are not flushed.
+FTZ_OPTION = "-ftz=true"
+
+
+def compile_options(nvrtc_major: int | None = None) -> tuple[str, ...]:
+    """NVRTC options shared by CuPy, the compile check and the cubin dump (the architecture is added by
+    each): C++17, flush-to-zero as CuPy compiles, and the CUDA include directory matching the NVRTC major."""
+    return ("--std=c++17", FTZ_OPTION, f"-I{cuda_include_dir(nvrtc_major)}")
 
 
 # ============================================================================ the catalogue

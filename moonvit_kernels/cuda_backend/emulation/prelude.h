@@ -11,8 +11,15 @@
 // Static __shared__ arrays become function statics (stale from the previous block, like real
 // shared memory); dynamic shared memory starts as 0xCD garbage. cp.async copies are deferred
 // until the wait that retires their group. Not modelled: speed, the device's exact maths.
+// Denormals: the kernels are compiled with -ftz=true (sources.compile_options, as CuPy does), so
+// fp32 arithmetic reads and writes subnormals as signed zero; a launch sets the CPU's
+// flush-to-zero and denormals-are-zero modes (x86 MXCSR FTZ|DAZ, AArch64 FPCR.FZ) for its fibers
+// and restores them afterwards (each fiber's context inherits them from getcontext).
 #pragma once
 #include <ucontext.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -100,6 +107,24 @@ inline void fiber_entry() {
   g_cur->state = DONE;  // returning switches to uc_link = the scheduler
 }
 
+// Flush-to-zero for the lifetime of the object (what -ftz=true does on the GPU); a no-op elsewhere.
+struct FlushDenormals {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned saved = _mm_getcsr();
+  FlushDenormals() { _mm_setcsr(saved | 0x8040u); }  // FTZ (bit 15) | DAZ (bit 6)
+  ~FlushDenormals() { _mm_setcsr(saved); }
+#elif defined(__aarch64__)
+  unsigned long saved = fpcr();
+  static unsigned long fpcr() {
+    unsigned long v;
+    asm volatile("mrs %0, fpcr" : "=r"(v));
+    return v;
+  }
+  FlushDenormals() { asm volatile("msr fpcr, %0" ::"r"(saved | (1ul << 24))); }  // FZ
+  ~FlushDenormals() { asm volatile("msr fpcr, %0" ::"r"(saved)); }
+#endif
+};
+
 inline void deadlock(const char* why) {
   std::fprintf(stderr, "emulation: deadlock: %s\n", why);
   std::abort();
@@ -144,6 +169,7 @@ void launch(dim3 grid, dim3 block, size_t smem, F kernel) {
   if (n % 32) throw std::runtime_error("block size must be a multiple of 32");
   std::function<void()> k = kernel;
   g_kernel = &k;
+  const FlushDenormals ftz;
   Block b;
   b.fibers.resize(n);
   b.exchange.assign(n / 32, std::vector<unsigned char>(32 * SLOT_BYTES));
