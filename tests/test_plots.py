@@ -303,10 +303,36 @@ def test_attention_memory_table():
     rows = {r.approach: r for r in plots.attention_memory_table([100, 28], heads=3, head_dim=16, block_q=8, block_k=16)}
     assert rows["naive, one L×L matrix"].elements == 3 * 128 * 128
     assert rows["naive, per item"].elements == 3 * 100 * 100
-    assert rows["tiled online softmax"].elements == 8 * 16 + 2 * 8
+    # every row counts all 3 heads: the tiled row has 3 heads × (13 + 4) query tiles of one tile each
+    assert rows["tiled online softmax"].elements == 3 * (13 + 4) * (8 * 16 + 2 * 8)
+    assert rows["tiled online softmax"].per_head == 8 * 16 + 2 * 8
+    assert rows["naive, per item"].per_head == 100 * 100
     assert all(r.nbytes == 4 * r.elements for r in rows.values())
     with pytest.raises(ValueError):
         plots.attention_memory_table([], 1, 1, 1, 1)
+
+
+def test_attention_kv_traffic_v2_reads_k_and_v_once_per_query_tile():
+    t = plots.attention_kv_traffic([100, 28], heads=3, head_dim=16, block_q=8)
+    per_key = 3 * 2 * 16 * 4
+    assert t["v1"] == (100 * 100 + 28 * 28) * per_key
+    assert t["v2"] == (13 * 100 + 4 * 28) * per_key
+    assert 7 < t["v1"] / t["v2"] <= 8
+    with pytest.raises(ValueError):
+        plots.attention_kv_traffic([0], 1, 1, 1)
+
+
+def test_attention_mask_picture_has_a_legend_and_v2_tiles():
+    from matplotlib.patches import Rectangle
+
+    fig = plots.attention_mask_picture([[1, 2, 5], [1, 1, 3]], block_q=4, block_k=3)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("may attend" in t for t in labels) and any("v2 tile" in t for t in labels)
+    tiles = [p for p in ax.patches if isinstance(p, Rectangle)]
+    assert len(tiles) == 3 * 4 + 1 * 1  # item of 10: 3 query × 4 key tiles; item of 3: one tile
+    with pytest.raises(ValueError):
+        plots.attention_mask_picture([[1, 2, 2]], block_q=0, block_k=2)
 
 
 def test_stage_report_series_and_plot(tiny_stages):

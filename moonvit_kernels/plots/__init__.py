@@ -17,6 +17,7 @@ chosen, nothing is shown twice; Jupyter displays a figure that ends a cell; save
 
 from .attention import (
     MemoryRow,
+    attention_kv_traffic,
     attention_mask,
     attention_mask_picture,
     attention_memory_table,
@@ -62,6 +63,7 @@ __all__ = [
     "attention_mask_picture",
     "MemoryRow",
     "attention_memory_table",
+    "attention_kv_traffic",
     "online_softmax_trace",
     "plot_online_softmax",
     "merge_index_table",

@@ -19,54 +19,101 @@ def attention_mask(grid_thws: Any) -> np.ndarray:
     return item[:, None] == item[None, :]
 
 
-def attention_mask_picture(grid_thws: Any) -> Figure:
-    """The packed sequence's attention mask: one square block per media item, zero elsewhere."""
+def attention_mask_picture(grid_thws: Any, block_q: int | None = None, block_k: int | None = None) -> Figure:
+    """The packed sequence's attention mask: one square block per media item, zero elsewhere.
+
+    With `block_q` and `block_k`, the tiles attention v2 works on are outlined: query tiles of
+    `block_q` rows and key tiles of `block_k` keys, both starting at each item's first token (a tile
+    never straddles two items; the last tile of an item is partial).
+    """
+    from matplotlib.patches import Patch, Rectangle
+
     grid = np.asarray(grid_thws).reshape(-1, 3)
     mask = attention_mask(grid)
-    fig = Figure(figsize=(4.6, 4.2), layout="constrained")
+    fig = Figure(figsize=(5.6, 4.6), layout="constrained")
     ax = fig.subplots()
-    ax.imshow(mask, cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
+    ax.imshow(mask, cmap="Greys", vmin=0, vmax=1.6, interpolation="nearest")
     bounds = reference.cu_seqlens(grid)
+    handles = [
+        Patch(fc=(0.45, 0.45, 0.45), ec="0.3", label="may attend (same item)"),
+        Patch(fc="white", ec="0.3", label="masked: another item, never computed"),
+    ]
+    if block_q is not None and block_k is not None:
+        if block_q < 1 or block_k < 1:
+            raise ValueError(f"block_q and block_k must be >= 1, got {block_q}, {block_k}")
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            for q0 in range(a, b, block_q):
+                for k0 in range(a, b, block_k):
+                    h, w = min(block_q, b - q0), min(block_k, b - k0)
+                    ax.add_patch(Rectangle((k0 - 0.5, q0 - 0.5), w, h, fill=False, ec="C1", lw=1.2))
+        handles.append(Patch(fill=False, ec="C1", lw=1.2, label=f"v2 tile: {block_q} queries × {block_k} keys"))
     ax.set_xticks(bounds[:-1])
     ax.set_yticks(bounds[:-1])
     ax.set_xlabel("key token")
     ax.set_ylabel("query token")
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     ax.set_title(f"{len(grid)} packed items, L = {bounds[-1]}: " + ", ".join(str(tuple(g)) for g in grid.tolist()))
     return fig
 
 
 @dataclass(frozen=True)
 class MemoryRow:
-    """Bytes one approach keeps for attention scores."""
+    """Score memory of one approach, for all heads at once (`elements`) and for one head (`per_head`)."""
 
     approach: str
     elements: int
     nbytes: int
     where: str
+    per_head: int = 0
 
 
 def attention_memory_table(
     seq_lens: Sequence[int], heads: int, head_dim: int, block_q: int, block_k: int, itemsize: int = 4
 ) -> list[MemoryRow]:
-    """Score memory of three approaches for packed items of lengths `seq_lens`:
+    """Score memory of three approaches for packed items of lengths `seq_lens`, every row counted the
+    same way: the scores of **all `heads` heads and all query rows** if they were computed at once.
 
-    - "naive, one L×L matrix": all heads' scores over the packed sequence, masked (`H·L²`);
+    - "naive, one L×L matrix": the masked scores over the packed sequence (`H·L²`);
     - "naive, per item": each item's `n×n` scores, the largest item's held at a time (`H·max n²`);
-    - "tiled online softmax": per block of queries a `block_q × block_k` tile of scores plus
-      running max / sum per query row (`block_q·block_k + 2·block_q`), independent of L — this is
-      per thread block, in shared memory / registers; output and log-sum-exp are `L·H·(hd + 1)`
-      in every approach and are not counted.
+    - "tiled online softmax": per (query tile, head) block a `block_q × block_k` tile of scores plus
+      the running max and sum of its rows (`block_q·block_k + 2·block_q`, in shared memory), times the
+      number of such blocks, `H·Σ ceil(n/block_q)`: linear in L. Only the blocks resident on the SMs
+      hold theirs at any moment, so the real footprint is smaller still.
+
+    `per_head` is the same count for one head (the tiled row: for one block). Output and log-sum-exp
+    are `L·H·(hd + 1)` in every approach and are not counted (`head_dim` is accepted for symmetry).
     """
     lens = [int(n) for n in seq_lens]
     if not lens or min(lens) < 1 or heads < 1 or head_dim < 1 or block_q < 1 or block_k < 1:
         raise ValueError("seq_lens, heads, head_dim, block_q and block_k must be positive")
     L = sum(lens)
+    tile = block_q * block_k + 2 * block_q
+    tiles = sum(-(-n // block_q) for n in lens)
     rows = [
-        ("naive, one L×L matrix", heads * L * L, "global memory"),
-        ("naive, per item", heads * max(lens) ** 2, "global memory"),
-        ("tiled online softmax", block_q * block_k + 2 * block_q, "shared memory, per block"),
+        ("naive, one L×L matrix", heads * L * L, L * L, "global memory"),
+        ("naive, per item", heads * max(lens) ** 2, max(lens) ** 2, "global memory"),
+        ("tiled online softmax", heads * tiles * tile, tile, "shared memory, one tile per block"),
     ]
-    return [MemoryRow(name, n, n * itemsize, where) for name, n, where in rows]
+    return [MemoryRow(name, n, n * itemsize, where, per) for name, n, per, where in rows]
+
+
+def attention_kv_traffic(
+    seq_lens: Sequence[int], heads: int, head_dim: int, block_q: int, itemsize: int = 4
+) -> dict[str, int]:
+    """Bytes of K and V read from global memory by attention v1 and v2 over packed items.
+
+    v1 (one block per query row) reads its item's whole K and V for every query row:
+    `H·Σ n·n·hd·2·itemsize`. v2 (one block per tile of `block_q` query rows) reads them once per
+    query tile: `H·Σ ceil(n/block_q)·n·hd·2·itemsize` — about `block_q` times less.
+    """
+    lens = [int(n) for n in seq_lens]
+    if not lens or min(lens) < 1 or heads < 1 or head_dim < 1 or block_q < 1:
+        raise ValueError("seq_lens, heads, head_dim and block_q must be positive")
+    per_key = 2 * head_dim * itemsize * heads  # one key's K and V row, all heads
+    return {
+        "v1": sum(n * n for n in lens) * per_key,
+        "v2": sum(-(-n // block_q) * n for n in lens) * per_key,
+    }
 
 
 def online_softmax_trace(scores: Any, block: int, values: Any = None) -> dict[str, np.ndarray]:
