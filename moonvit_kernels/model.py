@@ -6,6 +6,11 @@
 Backends: "numpy" is the reference (`reference.vision_forward`, CPU); "numba" runs the
 numba.cuda kernels (a GPU, or the CUDA simulator on the CPU); "cupy" runs the CUDA C kernels
 (GPU only). "auto" picks "cupy" when a GPU and CuPy are present, else "numpy".
+
+torch in, torch out: `pixel_values`/`grid_thws` may be torch tensors (CPU or CUDA), CuPy or numba
+arrays, or any DLPack / `__cuda_array_interface__` object; device inputs reach the GPU backends
+without a host round trip, and `as_torch=True` returns torch tensors sharing memory with the
+outputs. Streams are synchronised explicitly (see `moonvit_kernels.interop`). torch is optional.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from . import interop
 from .config import VisionConfig
-from .device import gpu_available
+from .device import gpu_available, simulator_enabled
 from .weights import check_weights
 
 BACKENDS = ("numpy", "numba", "cupy")
@@ -92,6 +98,11 @@ class MoonViT:
 
             self.backend = CupyBackend(config, weights, **options)
 
+    @property
+    def computes_on_host(self) -> bool:
+        """True when the backend's arrays live in host memory (numpy, or numba on the CUDA simulator)."""
+        return self.backend_name == "numpy" or (self.backend_name == "numba" and simulator_enabled())
+
     def forward(
         self,
         pixel_values: Any,
@@ -99,13 +110,32 @@ class MoonViT:
         return_intermediates: bool = False,
         as_numpy: bool = False,
         on_layer: Callable[[int], None] | None = None,
+        as_torch: bool = False,
     ):
         """Per-item outputs `[n_merged_i, text_hidden]` (and the stage dict with `return_intermediates`).
 
-        Outputs are the backend's arrays (NumPy, numba device arrays, CuPy), NumPy with `as_numpy`.
+        Inputs: NumPy, torch (CPU/CUDA), CuPy, numba device arrays or DLPack objects (`interop`).
+        Outputs are the backend's arrays (NumPy, numba device arrays, CuPy), NumPy with `as_numpy`,
+        torch tensors sharing their memory with `as_torch` (stages too).
         `on_layer(i)` is called after encoder block i (progress bars)."""
-        return self.backend.forward(
-            pixel_values, grid_thws, return_intermediates=return_intermediates, as_numpy=as_numpy, on_layer=on_layer
+        if as_numpy and as_torch:
+            raise ValueError("as_numpy and as_torch exclude each other: choose one output kind")
+        if as_torch:
+            interop.require_torch()
+        host = self.computes_on_host
+        device_inputs = interop.location(pixel_values) == "cuda" or interop.location(grid_thws) == "cuda"
+        pv = interop.to_backend_pixels(pixel_values, self.backend_name, host)
+        grid = interop.to_host(grid_thws, "grid_thws")
+        interop.synchronize_torch_inputs(pixel_values, grid_thws)
+        result = self.backend.forward(
+            pv,
+            grid,
+            return_intermediates=return_intermediates,
+            as_numpy=as_numpy or (as_torch and host),
+            on_layer=on_layer,
         )
+        if device_inputs or as_torch:
+            interop.synchronize_backend(self.backend_name, host)
+        return interop.outputs_to_torch(result) if as_torch else result
 
     __call__ = forward
