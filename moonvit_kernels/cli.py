@@ -47,8 +47,9 @@ def load_checkpoint_or_fail(path: str | Path) -> tuple[Any, dict[str, np.ndarray
     path = Path(path)
     if not path.exists():
         hint = (
-            "; the bundled data lives in the source tree's data/ folder: install from a clone with "
-            "pip install -e . or pass --weights"
+            f"; the bundled data ships inside the package ({TINY_DIR.parent}) and this installation lacks it: "
+            "reinstall the package (pip install --force-reinstall moonvit_kernels, or pip install -e . in a clone) "
+            "or pass --weights"
             if path == TINY_DIR
             else ""
         )

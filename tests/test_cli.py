@@ -257,5 +257,9 @@ def test_missing_bundled_data_says_how_to_get_it(monkeypatch):
     from moonvit_kernels import cli
 
     monkeypatch.setattr(cli, "TINY_DIR", Path("/nonexistent/data/tiny"))
-    with pytest.raises(cli.CLIError, match=r"no such checkpoint.*pip install -e \."):
+    with pytest.raises(cli.CLIError, match=r"no such checkpoint.*ships inside the package.*reinstall") as e:
         cli.load_checkpoint_or_fail(cli.TINY_DIR)
+    assert "/nonexistent/data" in str(e.value) and "--weights" in str(e.value)
+    with pytest.raises(cli.CLIError) as e:  # a user's own missing checkpoint gets no reinstall hint
+        cli.load_checkpoint_or_fail(Path("/nonexistent/mine"))
+    assert "reinstall" not in str(e.value)

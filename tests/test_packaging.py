@@ -1,31 +1,169 @@
-"""pyproject.toml and environment.yml list the same dependencies; README and CI agree."""
+"""Packaging: every import is declared and every declared dependency used, extras keep the base
+install free of CUDA wheels, pyproject.toml and environment.yml agree, README and CI agree."""
 
+import ast
 import re
+import sys
 import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+SELF = PROJECT["name"]
+
+# import name -> the distributions that provide it (any one of them declared is enough)
+IMPORT_TO_DIST = {
+    "numpy": {"numpy"},
+    "scipy": {"scipy"},
+    "numba": {"numba"},
+    "numba.cuda": {"numba-cuda"},
+    "cuda.bindings": {"cuda-bindings"},
+    "cuda.pathfinder": {"cuda-pathfinder"},
+    "safetensors": {"safetensors"},
+    "ml_dtypes": {"ml-dtypes"},
+    "matplotlib": {"matplotlib"},
+    "PIL": {"pillow"},
+    "tqdm": {"tqdm"},
+    "threadpoolctl": {"threadpoolctl"},
+    "cupy": {"cupy-cuda12x", "cupy-cuda13x"},
+    "cupyx": {"cupy-cuda12x", "cupy-cuda13x"},
+    "torch": {"torch"},
+    "pytest": {"pytest"},
+    "nbformat": {"nbformat"},
+    "nbclient": {"nbclient"},
+    "jupytext": {"jupytext"},
+    "IPython": {"ipython"},
+    "nvidia": {"nvidia-cuda-nvdisasm"},  # xray/sass.py finds the nvdisasm program in the nvidia namespace
+}
+# distributions used as programs or plugins, not imported: (file, text that shows the use)
+TOOLS = {
+    "pytest-timeout": ("pyproject.toml", "--timeout="),
+    "ruff": ("tests/test_style.py", 'shutil.which("ruff")'),
+    "ipykernel": ("tests/test_notebooks.py", 'kernel_name="python3"'),
+    "jupyterlab": ("CONTRIBUTING.md", "in Jupyter"),
+}
+# the package's own modules that tests, scripts and notebooks import as top-level names
+LOCAL = {SELF, "helpers", "cuda_kernel_checks", "conftest"}
+# CUDA toolchain wheels that must stay out of the base install
+CUDA_WHEELS = re.compile(r"^(nvidia-|cuda-toolkit|cupy)|\[cu1[23]\]")
 
 
-def _env_pip_lines() -> set[str]:
+def dist_name(requirement: str) -> str:
+    """`numba-cuda[cu13]==0.30.*` -> `numba-cuda` (lower case)."""
+    return re.match(r"[A-Za-z0-9._-]+", requirement).group(0).lower()
+
+
+def extra_names(requirement: str) -> set[str]:
+    m = re.match(r"[A-Za-z0-9._-]+\[([^\]]+)\]", requirement)
+    return {e.strip() for e in m.group(1).split(",")} if m else set()
+
+
+def expand(extra: str) -> list[str]:
+    """The requirements of one extra, with `moonvit_kernels[...]` self-references expanded."""
+    out = []
+    for req in PROJECT["optional-dependencies"][extra]:
+        if dist_name(req) == SELF:
+            for inner in sorted(extra_names(req)):
+                out += expand(inner)
+        else:
+            out.append(req)
+    return out
+
+
+def imports(folder: str) -> dict[str, set[str]]:
+    """Third-party import names used in `folder` (`numba.cuda` and `cuda.*` kept dotted) -> files,
+    and, under the key prefix `toplevel:`, those imported at a module's top level."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                key = name if name.startswith(("numba.cuda", "cuda.")) else name.split(".")[0]
+                key = ".".join(key.split(".")[:2]) if key.startswith(("numba.cuda", "cuda.")) else key
+                if key.split(".")[0] in sys.stdlib_module_names or key.split(".")[0] in LOCAL or key == "cuda":
+                    continue
+                rel = str(path.relative_to(ROOT))
+                found.setdefault(key, set()).add(rel)
+                if id(node) in top:
+                    found.setdefault(f"toplevel:{key}", set()).add(rel)
+    return found
+
+
+def test_every_import_is_declared():
+    base = {dist_name(r) for r in PROJECT["dependencies"]}
+    everything = base | {dist_name(r) for extra in PROJECT["optional-dependencies"] for r in expand(extra)}
+    for folder in ("moonvit_kernels", "tests", "scripts", "benchmarks", "notebooks"):
+        for name, files in imports(folder).items():
+            if name.startswith("toplevel:"):
+                continue
+            assert name in IMPORT_TO_DIST, f"{name} (imported in {sorted(files)[0]}) has no entry in IMPORT_TO_DIST"
+            assert IMPORT_TO_DIST[name] & everything, f"{name} is imported in {sorted(files)[0]} but not declared"
+    # the package's top-level imports run on `import moonvit_kernels...`: they must be base dependencies
+    for name, files in imports("moonvit_kernels").items():
+        if name.startswith("toplevel:"):
+            dists = IMPORT_TO_DIST[name.removeprefix("toplevel:")]
+            assert dists & base, f"{sorted(files)[0]} imports {name[9:]} at top level, but it is not a base dependency"
+
+
+def test_every_declared_dependency_is_used():
+    used = {
+        d
+        for folder in ("moonvit_kernels", "tests", "scripts", "benchmarks", "notebooks")
+        for name in imports(folder)
+        if not name.startswith("toplevel:")
+        for d in IMPORT_TO_DIST.get(name, ())
+    }
+    for file, evidence in TOOLS.values():
+        assert evidence in (ROOT / file).read_text(), f"{file} no longer shows the use '{evidence}'"
+    declared = {dist_name(r) for r in PROJECT["dependencies"]}
+    declared |= {dist_name(r) for extra in PROJECT["optional-dependencies"] for r in expand(extra)}
+    unused = sorted(declared - used - set(TOOLS))
+    assert not unused, f"declared but never imported or run: {unused}"
+    assert "safetensors" in used and "ml-dtypes" in used
+
+
+def test_base_install_has_no_cuda_wheels_and_extras_split_by_cuda_major():
+    extras = PROJECT["optional-dependencies"]
+    heavy = [r for r in PROJECT["dependencies"] if CUDA_WHEELS.search(r)]
+    assert not heavy, f"CUDA wheels in the base install: {heavy}"
+    assert any("numba-cuda[cu13]" in r for r in expand("compile"))
+    assert f"{SELF}[test,compile]" in extras["dev"] or any(
+        dist_name(r) == SELF and {"compile"} <= extra_names(r) for r in extras["dev"]
+    )
+    assert {dist_name(r) for r in extras["cuda12"]} == {"cupy-cuda12x", "numba-cuda"}
+    assert any("[cu12]" in r for r in extras["cuda12"]) and any("[cu13]" in r for r in extras["cuda13"])
+    assert {dist_name(r) for r in extras["cuda13"]} == {"cupy-cuda13x", "numba-cuda"}
+
+
+def _env_pip_lines() -> list[str]:
     """The entries under `- pip:` (6-space indented list items)."""
-    lines = set()
+    lines = []
     for line in (ROOT / "environment.yml").read_text().splitlines():
         m = re.match(r"^      - (\S.*)$", line)
         if m and m.group(1) != "-e .":
-            lines.add(m.group(1).strip())
+            lines.append(m.group(1).strip())
     return lines
 
 
 def test_environment_matches_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = set(project["dependencies"]) | set(project["optional-dependencies"]["dev"])
-    assert _env_pip_lines() == wanted
+    wanted = list(PROJECT["dependencies"]) + expand("dev")
+    got = _env_pip_lines()
+    assert len(got) == len(set(got)), "environment.yml lists a dependency twice"
+    assert set(got) == set(wanted)
 
 
 def test_readme_has_the_three_commands_and_ci_reads_them():
     readme = (ROOT / "README.md").read_text()
     for tag in ("install", "test", "run"):
         assert re.search(rf"^\S.*[^ ] +# {tag}$", readme, re.M), f"README lacks its '# {tag}' line"
+    install = re.search(r"^(\S.*[^ ]) +# install$", readme, re.M).group(1)
+    assert ".[dev]" in install, "the README's install command must bring the test tools (the dev extra)"
     ci = (ROOT / ".ci" / "run").read_text()
     assert "# install$" in ci and "# test$" in ci

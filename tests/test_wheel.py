@@ -1,0 +1,103 @@
+"""A built wheel, installed into a fresh virtual environment, runs `run` and `demo` from any directory.
+
+The wheel is built from a copy of the package sources (pip wheel, no build isolation, no network);
+the fresh venv sees this environment's dependencies through a `.pth` line but not the editable
+install of the checkout, and every command runs in isolated mode (`-I`) from an unrelated folder,
+so the package and its bundled data must come from the wheel.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "NUMBA_ENABLE_CUDASIM"))}
+    env["PYTHONNOUSERSITE"] = "1"
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory) -> tuple[Path, Path]:
+    """(python of a fresh venv holding only the wheel, a scratch folder to run in)."""
+    base = tmp_path_factory.mktemp("wheel")
+    src = base / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "moonvit_kernels", src / "moonvit_kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    r = _run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(base / "dist"), str(src)], base
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    (wheel,) = (base / "dist").glob("moonvit_kernels-*.whl")
+    venv = base / "venv"
+    r = _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], base)
+    assert r.returncode == 0, r.stderr
+    python = venv / "bin" / "python"
+    r = _run(
+        [*pip, "--python", str(python), "install", "--no-deps", "--no-index", "--no-build-isolation", str(wheel)], base
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    # this environment's dependencies, without its .pth files (the editable install lives in one)
+    site = Path(
+        _run(
+            [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], base
+        ).stdout.strip()
+    )
+    deps = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    (site / "zz_parent_dependencies.pth").write_text("\n".join(deps) + "\n")
+    scratch = base / "elsewhere"
+    scratch.mkdir()
+    return python, scratch
+
+
+def test_wheel_holds_the_bundled_data(wheel_venv):
+    python, _ = wheel_venv
+    (wheel,) = (python.parents[2] / "dist").glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in (
+        "moonvit_kernels/data/tiny/model.safetensors",
+        "moonvit_kernels/data/tiny/config.json",
+        "moonvit_kernels/data/tiny/inputs.npz",
+        "moonvit_kernels/data/photo/grace_hopper.jpg",
+        "moonvit_kernels/cuda_backend/emulation/__init__.py",
+    ):
+        assert needed in names, f"the wheel lacks {needed}"
+    assert any(n.startswith("moonvit_kernels/data/golden_tiny/") for n in names)
+    assert any(n.startswith("moonvit_kernels/cuda_backend/") and n.endswith(".cu") for n in names)
+
+
+def test_installed_package_comes_from_the_wheel(wheel_venv):
+    python, scratch = wheel_venv
+    r = _run([str(python), "-I", "-c", "import moonvit_kernels; print(moonvit_kernels.__file__)"], scratch)
+    assert r.returncode == 0, r.stderr
+    where = Path(r.stdout.strip())
+    assert python.parents[1] in where.parents, f"imported from {where}, not from the fresh venv"
+    assert ROOT not in where.parents
+
+
+def test_wheel_run_and_demo_from_another_folder(wheel_venv):
+    python, scratch = wheel_venv
+    r = _run([str(python), "-I", "-m", "moonvit_kernels", "run"], scratch)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "item 1 video (2 frames)" in r.stdout and "backend: numpy reference" in r.stdout
+    assert str(python.parents[1]) in r.stdout  # the checkpoint path printed is inside the venv
+    out = scratch / "demo"
+    r = _run(
+        [str(python), "-I", "-m", "moonvit_kernels", "demo", "--out", str(out), "--in-patch-limit", "128"], scratch
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(list(out.glob("*.png"))) == 7
+    script = python.parent / "moonvit-kernels"
+    assert script.is_file(), "the console script was not installed"
