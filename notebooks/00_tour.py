@@ -33,35 +33,27 @@
 #
 # **No GPU needed.** On a laptop the kernels run on numba's CUDA *simulator* (one Python thread per
 # CUDA thread: correct but slow), so the notebooks pick tiny sizes there and real ones on a GPU.
-# The first cell of every notebook decides which. The model's definition is `SPEC.md`; each
-# notebook quotes the part it needs.
+# The first cell of every notebook decides which. The model's definition is
+# [docs/model.md](../docs/model.md); each notebook quotes the part it needs. Every notebook finds the
+# bundled data through the package, so it runs from any working directory.
 
 # %%
 # Without a GPU, numba.cuda runs on its CPU simulator; the switch must be set before numba is imported.
-# Figures (matplotlib Figure objects returned by moonvit_kernels.viz*) are drawn inline.
+# Figures (matplotlib Figure objects returned by moonvit_kernels.plots) are drawn inline.
 # %matplotlib inline
 from moonvit_kernels.device import gpu_available, simulator_enabled, use_simulator_without_gpu, where
 
 use_simulator_without_gpu()
 
-from pathlib import Path
-
 import numpy as np
 from IPython.display import Markdown, display
-from moonvit_kernels.viz_stages import (
-    flop_table,
-    markdown_table,
-    parameter_table,
-    plot_architecture,
-    stage_shapes,
-)
 
 from moonvit_kernels import reference
+from moonvit_kernels.bundled import DATA_DIR as DATA  # the bundled files, from any working directory
 from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.plots import flop_table, markdown_table, parameter_table, plot_architecture, stage_shapes
 from moonvit_kernels.preprocess import unpatchify
 from moonvit_kernels.weights import expected_shapes, load_checkpoint, parameter_count
-
-DATA = Path("..") / "data"
 
 print(f"kernels run on: {where()}")
 
@@ -98,7 +90,7 @@ display(Markdown(markdown_table(["config key", "symbol", "K3 value"], rows)))
 # ## Where the parameters are
 #
 # Every tensor of the checkpoint, with its shape, comes from `weights.expected_shapes(config)`
-# (SPEC.md's table). Summed by component:
+# (the table of docs/model.md). Summed by component:
 
 # %%
 rows = parameter_table(k3)
@@ -111,14 +103,16 @@ display(
         )
     )
 )
-assert sum(r.count for r in rows) == total == 447_358_976  # SPEC.md: 401,214,464 + 46,144,512
+assert sum(r.count for r in rows) == total == 447_358_976  # docs/model.md: 401,214,464 + 46,144,512
 print(f"{len(expected_shapes(k3))} tensors, {total:,} parameters = {total * 2 / 2**20:.0f} MiB in bfloat16")
 
 # %% [markdown]
 # ## The architecture, with shapes
 #
 # One 896×896 image is a 64×64 grid of 14×14 patches: `L = 4096` tokens. The picture below is drawn
-# from the config (`viz_stages.plot_architecture`), so it shows the shapes the code produces.
+# from the config (`plots.plot_architecture`), so it shows the shapes the code produces. Each encoder
+# block is pre-norm with two skip branches: `x = x + wo(attention(rope(wqkv(norm0(x)))))`, then
+# `x = x + fc1(gelu_tanh(fc0(norm1(x))))`; the block is drawn once and repeated 27 times.
 # Note `qkv` is `[L, 3·Q]` with `Q = 1536 ≠ D = 1024`, so the attention output projection `wo`
 # is `[D, Q]` — not square. The 2×2 merge turns 4096 patch tokens into 1024 tokens of width `4·D`.
 
@@ -128,17 +122,37 @@ plot_architecture(k3, [[1, 64, 64]])
 # %% [markdown]
 # ## What it costs
 #
-# SPEC.md gives the FLOPs: per layer `2·L·D·(3Q + Q + 2I)` for the GEMMs and `4·L²·Q` per media item
+# docs/model.md gives the FLOPs: per layer `2·L·D·(3Q + Q + 2I)` for the GEMMs and `4·L²·Q` per media item
 # for attention. At 64×64 patches attention is already almost half the work, and it grows with `L²`.
 
+# %% [markdown]
+# **Which peak?** Three ceilings matter, and they differ a lot. They are *not* measured here (no GPU
+# number exists on a laptop); the first two are NVIDIA's H200 datasheet values, the third the
+# figure quoted in docs/model.md for cuBLAS on an H200:
+#
+# | ceiling | TFLOP/s | what it is |
+# |---|---|---|
+# | dense bf16 tensor cores, datasheet | ≈ 989 | the marketing peak (the 1,979 figure assumes 2:4 sparsity) |
+# | cuBLAS bf16 GEMM, measured on random data | ≈ 790 | what a tuned library reaches at large sizes |
+# | fp32 on the CUDA cores (SIMT), datasheet | ≈ 67 | the ceiling of every **fp32 kernel taught in 01–05** |
+#
+# The numba kernels of this workbook compute in fp32 on the CUDA cores, so ≈ 67 TFLOP/s is their
+# ceiling — 15× below the bf16 tensor cores. Only the CUDA C bf16 GEMM (`mma.sync`) can approach the
+# first two rows. The time floors below divide the FLOPs by each ceiling.
+
 # %%
-PEAK_BF16 = 790e12  # H200 dense bf16, FLOP/s (SPEC.md)
+PEAKS = {  # FLOP/s; datasheet = NVIDIA H200 SXM datasheet, cuBLAS = docs/model.md (not measured here)
+    "bf16 datasheet": 989e12,
+    "bf16 cuBLAS": 790e12,
+    "fp32 SIMT datasheet": 67e12,
+}
 for side in (32, 64, 128):
     rows = flop_table(k3, [[1, side, side]])
     total = sum(r.count for r in rows)
+    floors = ", ".join(f"{name} {total / peak * 1e3:6.2f} ms" for name, peak in PEAKS.items())
     print(
         f"{side * 14}×{side * 14} image, L = {side * side:5d}: {total / 1e12:6.2f} TFLOP, "
-        f"attention {rows[2].count / total:5.1%}, floor at peak bf16 {total / PEAK_BF16 * 1e3:6.2f} ms"
+        f"attention {rows[2].count / total:5.1%}; time floor at {floors}"
     )
 rows = flop_table(k3, [[1, 64, 64]])
 table = [[r.component, r.count, r.detail] for r in rows]

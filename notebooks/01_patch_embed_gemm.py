@@ -298,7 +298,74 @@ plot_timings(seconds, where(), title=f"GEMM [{M}, {K}] · [{N}, {K}]ᵀ")
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise cell holds a worked answer; replace it with your own and rerun — the `assert` checks it.
+# ### Your turn: write the kernel
+#
+# Each cell below is a kernel with its signature and launch written and a gap between the `▼` and `▲`
+# marks. Fill the gap and run the cell: `check(name, kernel)` launches your kernel (on the CUDA simulator
+# without a GPU, on the GPU where there is one) on random inputs of awkward sizes, compares it with NumPy
+# under the fp32 error bound `8·eps·√K·(|A|·|B|ᵀ)`, and says what is wrong: which rows and columns
+# differ, NaN, outputs never written, an index out of bounds, or results that change between two runs (a
+# race). As committed, the gaps are empty, so the checks below report failures — that is expected. Stuck?
+# `solution("gemm_naive")` prints a solution (from `notebooks/solutions/`).
+#
+# **A.** GEMM v1: one thread per output `C[m, n] = Σ_k A[m, k]·B[n, k]`. The grid overshoots `M` and `N`.
+
+# %%
+# YOUR TURN: gemm_naive — launched by check() as gemm_naive[(⌈N/16⌉, ⌈M/16⌉), (16, 16)](A, B, C, M, N, K)
+from numba import float32
+
+from moonvit_kernels.exercises import check, solution
+
+
+@cuda.jit
+def gemm_naive(A, B, C, M, N, K):
+    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x  # threadIdx.x runs along the columns of C
+    m = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
+    # ▼ your code: if (m, n) lies inside C, accumulate Σ_k A[m, k]·B[n, k] in float32 and store it in C[m, n]
+    pass
+    # ▲
+
+
+result = check("gemm_naive", gemm_naive)
+
+# %% [markdown]
+# **B.** GEMM v2's tile loads. Thread `(ty, tx)` stages one element of each 16×16 tile per K step;
+# outside `A` or `B` it must store `0.0` (here `K = 35`: the last tile is partial). Consecutive `tx` should
+# read consecutive `k` — one contiguous (coalesced) segment per warp.
+
+# %%
+# YOUR TURN: gemm_tile_loads — launched by check() as gemm_tile_loads[(⌈N/16⌉, ⌈M/16⌉), (16, 16)](A, B, C, M, N, K)
+TILE = 16
+
+
+@cuda.jit
+def gemm_tile_loads(A, B, C, M, N, K):
+    a_tile = cuda.shared.array((TILE, TILE), float32)  # a_tile[r, kk] = A[m0 + r, k0 + kk]
+    b_tile = cuda.shared.array((TILE, TILE + 1), float32)  # b_tile[r, kk] = B[n0 + r, k0 + kk]; +1: no bank conflicts
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    m = cuda.blockIdx.y * TILE + ty
+    n = cuda.blockIdx.x * TILE + tx
+    n_load = cuda.blockIdx.x * TILE + ty  # the row of B this thread stages
+    acc = float32(0.0)
+    for k0 in range(0, K, TILE):
+        # ▼ your code: a_tile[ty, tx] = A[m, k0 + tx] and b_tile[ty, tx] = B[n_load, k0 + tx], or 0.0 outside
+        pass
+        # ▲
+        cuda.syncthreads()
+        for kk in range(TILE):
+            acc += a_tile[ty, kk] * b_tile[tx, kk]
+        cuda.syncthreads()
+    if m < M and n < N:
+        C[m, n] = acc
+
+
+result = check("gemm_tile_loads", gemm_tile_loads)
+
+# %% [markdown]
+# ### Worked exercises
+#
+# Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.
 #
 # **1.** The processor gave you patches flattened channel-last, `hwc = pixel_values.transpose(0, 2, 3, 1)`.
 # Rearrange the **weight** (not the patches) so that one GEMM still gives the right embedding.

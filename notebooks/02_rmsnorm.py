@@ -18,7 +18,7 @@
 #
 # **What the source does.** Every encoder block normalises its input twice (`norm0` before attention,
 # `norm1` before the MLP), the tower ends with `final_layernorm`, and the projector ends with
-# `post_norm`. All four are RMSNorm (SPEC.md, stage 3):
+# `post_norm`. All four are RMSNorm ([docs/model.md](../docs/model.md), stage 3):
 #
 # `rmsnorm(x, g) = x · rsqrt(mean(x², over the row) + eps) · g`, computed in float32.
 #
@@ -28,12 +28,15 @@
 # magnitude. Here eps is the config field `vit_norm_eps` (default 1.19e-7); the projector's norm uses
 # `projector_ln_eps = 1e-5` — a third value, another pitfall.
 #
-# On a GPU this is a *memory-bound* kernel: it reads each element once and writes it once, with a
-# reduction in between. Its design is one thread block per row.
+# On a GPU this is a *memory-bound* kernel. The kernel below reads each row of `x` **twice** — once
+# to sum the squares, once more to scale it after the reduction — and writes it once: `3·rows·cols·4`
+# bytes plus the weight (a 4 KB row of K3 is usually still in L1/L2 for the second read, so DRAM may
+# see closer to `2·rows·cols·4`; a kernel that keeps the row in registers or shared memory between the
+# two passes reads it from memory once). Its design is one thread block per row.
 
 # %%
 # Without a GPU, numba.cuda runs on its CPU simulator; the switch must be set before numba is imported.
-# Figures (matplotlib Figure objects returned by moonvit_kernels.viz*) are drawn inline.
+# Figures (matplotlib Figure objects returned by moonvit_kernels.plots) are drawn inline.
 # %matplotlib inline
 from moonvit_kernels.device import gpu_available, simulator_enabled, use_simulator_without_gpu, where
 
@@ -41,27 +44,26 @@ use_simulator_without_gpu()
 
 import inspect
 import time
-from pathlib import Path
 
 import numpy as np
 from IPython.display import Markdown, display
-from moonvit_kernels.viz import error_heatmap
-from moonvit_kernels.viz_stages import (
+from numba import cuda
+
+from moonvit_kernels import reference
+from moonvit_kernels.bundled import DATA_DIR as DATA  # the bundled files, from any working directory
+from moonvit_kernels.config import FP32_EPS, VisionConfig
+from moonvit_kernels.numba_backend import rmsnorm as rmsnorm_module
+from moonvit_kernels.numba_backend.rmsnorm import rmsnorm
+from moonvit_kernels.plots import (
+    error_heatmap,
     markdown_table,
     median_seconds,
     plot_eps_effect,
     plot_timings,
     rmsnorm_output_rms,
 )
-from numba import cuda
-
-from moonvit_kernels import reference
-from moonvit_kernels.config import FP32_EPS, VisionConfig
-from moonvit_kernels.numba_backend import rmsnorm as rmsnorm_module
-from moonvit_kernels.numba_backend.rmsnorm import rmsnorm
 from moonvit_kernels.weights import load_checkpoint
 
-DATA = Path("..") / "data"
 rng = np.random.default_rng(0)
 on_gpu = gpu_available() and not simulator_enabled()
 
@@ -86,13 +88,13 @@ print(f"{where()}: shapes {shapes}")
 #
 # `reference.rmsnorm(x, weight, eps, return_rstd=True)` also returns the per-row
 # `rstd = rsqrt(mean(x²) + eps)` — a side output kept by kernels (a backward pass needs it), and
-# checked here too (GUIDE.md: check side outputs where they exist).
+# checked here too (side outputs are checked wherever they exist).
 
 # %%
 print(inspect.getsource(reference.rmsnorm))
 
 # %% [markdown]
-# ## The kernel: `moonvit_kernels/kernels/rmsnorm.py`
+# ## The kernel: `moonvit_kernels/numba_backend/rmsnorm.py`
 #
 # One block per row, in three steps:
 #
@@ -168,7 +170,7 @@ error_heatmap(out, want, title=f"rmsnorm kernel vs float64, {x.shape[0]} × {x.s
 #
 # For a row of RMS `r` and weight 1 the output has RMS `r / √(r² + eps)`: 1 when `r ≫ √eps`, shrinking
 # towards 0 when `r` approaches `√eps`. With the fp32 eps that threshold is `3.5e-4`; with `2⁻⁷` it is
-# `0.088` — inside the range of real activations. The curves are `viz_stages.rmsnorm_output_rms`; the
+# `0.088` — inside the range of real activations. The curves are `plots.rmsnorm_output_rms`; the
 # dots are the **kernel** run on random rows of chosen RMS, once with each eps.
 
 # %%
@@ -206,9 +208,11 @@ print("(for scale: one bfloat16 rounding is up to 2⁻⁸ = 3.9e-03 relative, on
 # %% [markdown]
 # ## Speed
 #
-# RMSNorm moves `2·rows·cols·4` bytes (read x, write out) and does almost no maths, so its yardstick is
-# memory bandwidth (GB/s), not FLOP/s; on a GPU the baseline is a device-to-device copy of the same
-# bytes. On the simulator the times measure Python threads, and no GPU number exists.
+# RMSNorm does almost no maths, so its yardstick is memory bandwidth (GB/s), not FLOP/s. The bytes it
+# asks for: `x` read twice and `out` written once (`3·rows·cols·4`), plus the weight once per block
+# (`rows·cols·4`, served by L2 after the first block; the second read of `x` may hit a cache too). On a GPU the baseline is a
+# device-to-device copy (`2·rows·cols·4` bytes). On the simulator the time measures Python threads —
+# not performance — so only one labelled line is printed there and no chart is drawn.
 
 # %%
 rows, cols = shapes[-1]
@@ -225,15 +229,100 @@ if on_gpu:
     seconds["device-to-device copy"] = median_seconds(
         lambda: o_d.copy_to_device(x_d), repeat, warmup, cuda.synchronize
     )["median"]
-moved = 2 * rows * cols * 4
-for name, sec in seconds.items():
-    print(f"{where()}: {name:22s} {sec * 1e3:9.3f} ms  {moved / sec / 1e9:9.3f} GB/s  ({moved:,} bytes moved)")
-plot_timings(seconds, where(), title=f"RMSNorm {rows} × {cols}")
+moved = {"rmsnorm kernel": 3 * rows * cols * 4 + rows * cols * 4, "device-to-device copy": 2 * rows * cols * 4}
+if on_gpu:
+    for name, sec in seconds.items():
+        print(
+            f"{where()}: {name:22s} {sec * 1e3:9.3f} ms  {moved[name] / sec / 1e9:9.1f} GB/s  ({moved[name]:,} bytes)"
+        )
+    display(plot_timings(seconds, where(), title=f"RMSNorm {rows} × {cols}"))
+else:
+    sec = seconds["rmsnorm kernel"]
+    print(
+        f"{where()} (Python threads, not GPU performance): one call took {sec * 1e3:.0f} ms; {moved['rmsnorm kernel']:,} bytes requested"
+    )
 
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise cell holds a worked answer; replace it with your own and rerun — the `assert` checks it.
+# ### Your turn: write the kernel
+#
+# Each cell below is the RMSNorm kernel (one block of 32 threads per row, 75 columns: not a multiple of
+# 32) with a gap between `▼` and `▲`. Fill it and run the cell: `check(name, kernel)` launches it on the
+# simulator (or the GPU), compares with `reference.rmsnorm` under an fp32 bound and says what is wrong —
+# rows and columns that differ, outputs never written, NaN, or a race when two runs differ. As committed
+# the gaps are empty and the checks report failures. `solution("rmsnorm_reduction")` prints a solution.
+#
+# **A.** The tree reduction: add the 32 partial sums of `partial[]` into `partial[0]`.
+
+# %%
+# YOUR TURN: rmsnorm_reduction — launched by check() as rmsnorm_reduction[rows, 32](x, weight, out, rows, cols, eps)
+import math
+
+from numba import float32
+
+from moonvit_kernels.exercises import check, solution
+
+THREADS = 32
+
+
+@cuda.jit
+def rmsnorm_reduction(x, weight, out, rows, cols, eps):
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    partial = cuda.shared.array(THREADS, float32)
+    acc = float32(0.0)
+    for j in range(tid, cols, THREADS):
+        v = x[row, j]
+        acc += v * v
+    partial[tid] = acc
+    cuda.syncthreads()
+    # ▼ your code: the tree — stride = THREADS/2, …, 1: threads tid < stride add partial[tid + stride]
+    pass
+    # ▲
+    r = float32(1.0) / math.sqrt(partial[0] / float32(cols) + eps)
+    for j in range(tid, cols, THREADS):
+        out[row, j] = x[row, j] * r * weight[j]
+
+
+result = check("rmsnorm_reduction", rmsnorm_reduction)
+
+# %% [markdown]
+# **B.** The strided loops around the reduction: each thread sums `x²` over its columns
+# `tid, tid + 32, tid + 64`, and at the end scales the same columns.
+
+
+# %%
+# YOUR TURN: rmsnorm_sum_and_scale — launched by check() as rmsnorm_sum_and_scale[rows, 32](x, weight, out, rows, cols, eps)
+@cuda.jit
+def rmsnorm_sum_and_scale(x, weight, out, rows, cols, eps):
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    partial = cuda.shared.array(THREADS, float32)
+    acc = float32(0.0)
+    # ▼ your code (1): acc = Σ x[row, j]² over this thread's columns j
+    pass
+    # ▲
+    partial[tid] = acc
+    cuda.syncthreads()
+    stride = THREADS // 2
+    while stride > 0:
+        if tid < stride:
+            partial[tid] += partial[tid + stride]
+        cuda.syncthreads()
+        stride //= 2
+    r = float32(1.0) / math.sqrt(partial[0] / float32(cols) + eps)
+    # ▼ your code (2): out[row, j] = x[row, j]·r·weight[j] over the same columns
+    pass
+    # ▲
+
+
+result = check("rmsnorm_sum_and_scale", rmsnorm_sum_and_scale)
+
+# %% [markdown]
+# ### Worked exercises
+#
+# Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.
 #
 # **1.** Below which row RMS does the fp32 eps shrink a row's output RMS by more than 1%?
 # (Solve `r / √(r² + eps) = 0.99` for `r`.)

@@ -220,7 +220,65 @@ for name, q_port in ports.items():
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise cell holds a worked answer; replace it with your own and rerun — the `assert` checks it.
+# ### Your turn: write the kernel
+#
+# Each cell below is a kernel with a gap between `▼` and `▲`. Fill it and run the cell: `check(name,
+# kernel)` launches it (simulator or GPU), compares it with the NumPy reference and says which tokens and
+# dims are wrong, which outputs were never written, NaN, or a race. As committed the gaps are empty (or
+# hold a placeholder) and the checks report failures. `solution("rope_rotate_pairs")` prints a solution.
+#
+# **A.** The pair rotation for one head of `head_dim = 16` on a 5×7 grid: thread `i` owns dims
+# `4i … 4i+3`; rotate `(4i, 4i+1)` by `col·f_i` and `(4i+2, 4i+3)` by `row·f_i`,
+# `(a, b) → (a·cos − b·sin, a·sin + b·cos)`.
+
+# %%
+# YOUR TURN: rope_rotate_pairs — launched by check() as rope_rotate_pairs[L, head_dim/4](x, rows, cols, out, head_dim)
+import math
+
+from numba import cuda, float32
+
+from moonvit_kernels.exercises import check, solution
+
+THETA = float32(10000.0)
+
+
+@cuda.jit
+def rope_rotate_pairs(x, rows, cols, out, head_dim):
+    l = cuda.blockIdx.x  # one block per token
+    i = cuda.threadIdx.x  # one thread per quad (4i, 4i+1, 4i+2, 4i+3)
+    freq = float32(1.0) / THETA ** (float32(4 * i) / float32(head_dim))
+    # ▼ your code: replace this placeholder copy by the two rotations
+    for j in range(4 * i, 4 * i + 4):
+        out[l, j] = x[l, j]
+    # ▲
+
+
+result = check("rope_rotate_pairs", rope_rotate_pairs)
+
+# %% [markdown]
+# **B.** The position of a token in a packed batch (a 2-frame 3×5 video, then a 4×3 image): find the
+# token's item from `cu_seqlens`, then its row and column within its frame — every frame of a video
+# restarts at `(0, 0)`. Write `pos[l, 0] = row`, `pos[l, 1] = col`.
+
+
+# %%
+# YOUR TURN: rope_token_position — launched by check() as rope_token_position[⌈L/32⌉, 32](grid_thws, cu_seqlens, n_items, pos, L)
+@cuda.jit
+def rope_token_position(grid_thws, cu_seqlens, n_items, pos, L):
+    l = cuda.grid(1)
+    if l >= L:
+        return
+    # ▼ your code: the item n with cu_seqlens[n] <= l < cu_seqlens[n + 1], then row and col in its frame
+    pass
+    # ▲
+
+
+result = check("rope_token_position", rope_token_position)
+
+# %% [markdown]
+# ### Worked exercises
+#
+# Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.
 #
 # **1.** With `hd = 24`, what angle does complex slot `j = 5` get for the token at row 3, column 7?
 

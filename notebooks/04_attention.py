@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 04 — Attention over packed media: naive, then tiled with an online softmax
 #
-# **What the source does.** Each encoder block runs multi-head softmax attention (SPEC.md, stage 3):
+# **What the source does.** Each encoder block runs multi-head softmax attention ([docs/model.md](../docs/model.md), stage 3):
 # `o = softmax(q·kᵀ / √hd) · v` per head, **non-causal**, with the softmax in float32. Several media
 # items (images, video chunks) are packed into one sequence of `L` tokens, described by `cu_seqlens`
 # (`[0, n₀, n₀+n₁, …]`), and **an item never attends to another** — the mask is block-diagonal.
@@ -35,7 +35,7 @@
 
 # %%
 # Without a GPU, numba.cuda runs on its CPU simulator; the switch must be set before numba is imported.
-# Figures (matplotlib Figure objects returned by moonvit_kernels.viz*) are drawn inline.
+# Figures (matplotlib Figure objects returned by moonvit_kernels.plots) are drawn inline.
 # %matplotlib inline
 from moonvit_kernels.device import gpu_available, simulator_enabled, use_simulator_without_gpu, where
 
@@ -47,21 +47,22 @@ import time
 
 import numpy as np
 from IPython.display import Markdown, display
-from moonvit_kernels.viz import attention_mask_picture, error_heatmap
-from moonvit_kernels.viz_stages import (
-    attention_memory_table,
-    markdown_table,
-    median_seconds,
-    online_softmax_trace,
-    plot_online_softmax,
-    plot_timings,
-)
 from numba import cuda
 
 from moonvit_kernels import reference
 from moonvit_kernels.config import FP32_EPS, VisionConfig
 from moonvit_kernels.numba_backend import attention as attention_module
 from moonvit_kernels.numba_backend.attention import attention, pack_qkv
+from moonvit_kernels.plots import (
+    attention_kv_traffic,
+    attention_mask_picture,
+    attention_memory_table,
+    error_heatmap,
+    markdown_table,
+    median_seconds,
+    plot_online_softmax,
+    plot_timings,
+)
 
 rng = np.random.default_rng(0)
 on_gpu = gpu_available() and not simulator_enabled()
@@ -93,19 +94,25 @@ print(f"{where()}: items of {lengths.tolist()} tokens, L = {L}, {heads} heads ×
 # %% [markdown]
 # ## The mask: one block per media item
 #
-# `viz.attention_mask_picture` draws which key (column) each query (row) may see. Everything off the
+# `plots.attention_mask_picture` draws which key (column) each query (row) may see. Everything off the
 # diagonal blocks is forbidden — the kernels never even compute those scores: each query row looks up
-# its item in `cu_seqlens` and loops over that item's keys only.
+# its item in `cu_seqlens` and loops over that item's keys only. The orange outlines are the tiles v2
+# works on (the simulator's `block_q = 8` query rows × `block_k = 4` keys): a query tile never straddles
+# two items, and the last tile of an item is partial (its missing rows and keys are masked).
 
 # %%
-attention_mask_picture(grid_thws if not on_gpu else np.array([[1, 6, 8], [2, 4, 4], [1, 2, 2]]))
+mask_grid = grid_thws if not on_gpu else np.array([[1, 6, 8], [2, 4, 4], [1, 2, 2]])
+attention_mask_picture(mask_grid, block_q=8, block_k=4)
 
 # %% [markdown]
 # ## Memory per approach
 #
-# Score memory for K3 (12 heads) on a few inputs — the naive `L×L` matrix, one item's `n×n` at a time, and
-# the single tile a v2 thread block holds (`viz_stages.attention_memory_table`). Output and lse
-# (`L·H·(hd + 1)` floats) are the same for all and not counted.
+# Score memory for K3 on a few inputs, every column counted the same way — **all 12 heads, all query
+# rows** (`plots.attention_memory_table`): the naive `L×L` matrix, one item's `n×n` at a time, and v2's
+# tiles (one `block_q × block_k` tile plus running max and sum per (query tile, head) block — linear in
+# `L`, and only the blocks resident on the SMs hold one at any moment). Output and lse (`L·H·(hd + 1)`
+# floats) are the same for all and not counted. The last two columns are the bytes of K and V read from
+# global memory: v1 reads its item's K and V once per query *row*, v2 once per query *tile*.
 
 # %%
 k3 = VisionConfig.k3()
@@ -119,8 +126,14 @@ bq, bk = attention_module.V2_BLOCK_Q, attention_module.V2_BLOCK_K
 rows = []
 for name, lens in inputs.items():
     table = {r.approach: r for r in attention_memory_table(lens, k3.vt_num_attention_heads, k3.head_dim, bq, bk)}
-    rows.append([name, sum(lens)] + [f"{table[a].nbytes / 2**20:,.3f} MiB" for a in table])
-display(Markdown(markdown_table(["input", "L", *table], rows)))
+    kv = attention_kv_traffic(lens, k3.vt_num_attention_heads, k3.head_dim, bq)
+    rows.append(
+        [name, sum(lens)]
+        + [f"{table[a].nbytes / 2**20:,.1f} MiB" for a in table]
+        + [f"{kv['v1'] / 2**30:,.2f} GiB", f"{kv['v2'] / 2**30:,.3f} GiB (÷{kv['v1'] / kv['v2']:.0f})"]
+    )
+header = ["input", "L", *(f"scores: {a}" for a in table), "K/V reads v1", "K/V reads v2"]
+display(Markdown(markdown_table(header, rows)))
 shared = attention_module.v2_shared_bytes(k3.head_dim, bq, bk)
 print(
     f"v2 with {bq}×{bk} tiles at hd = {k3.head_dim}: {shared:,} bytes of shared memory per block "
@@ -137,17 +150,27 @@ print(
 # `l ← l·exp(m − m') + Σ_tile exp(s_j − m')`,  `acc ← acc·exp(m − m') + Σ_tile exp(s_j − m')·v_j`
 #
 # and at the end `o = acc / l`, `lse = m + log l`. Nothing is approximated: after the last tile the
-# result is the softmax exactly (up to rounding). One row of 29 random scores in tiles of 8
-# (`viz_stages.online_softmax_trace`, a NumPy transcription of this recurrence):
+# result is the softmax exactly (up to rounding). The recurrence, written out in NumPy for one row of 29
+# random scores in key tiles of 8:
 
 # %%
 s = rng.standard_normal(29) * 2
 vals = rng.standard_normal((29, 4))
-trace = online_softmax_trace(s, 8, vals)
+m, l_sum, acc, running_max = -np.inf, 0.0, np.zeros(vals.shape[1]), []
+for start in range(0, s.size, 8):
+    tile, v_tile = s[start : start + 8], vals[start : start + 8]
+    m_new = max(m, tile.max())
+    alpha = np.exp(m - m_new)  # rescale what was summed against the old max (0 on the first tile)
+    p_tile = np.exp(tile - m_new)
+    l_sum = l_sum * alpha + p_tile.sum()
+    acc = acc * alpha + p_tile @ v_tile
+    m = m_new
+    running_max.append(m)
 p = np.exp(s - s.max())
-print("running max per tile:", np.round(trace["running_max"], 3))
-print("final lse", trace["lse"][-1], " direct", math.log(np.exp(s).sum()))
-print("final output", np.round(trace["output"][-1], 6), " direct", np.round(p @ vals / p.sum(), 6))
+print("running max per tile:", np.round(running_max, 3))
+print("final lse", m + math.log(l_sum), " direct", math.log(np.exp(s).sum()))
+print("final output", np.round(acc / l_sum, 6), " direct", np.round(p @ vals / p.sum(), 6))
+assert np.allclose(acc / l_sum, p @ vals / p.sum(), rtol=1e-12)
 plot_online_softmax(s, 8)
 
 # %% [markdown]
@@ -160,7 +183,7 @@ plot_online_softmax(s, 8)
 print(inspect.getsource(reference.attention))
 
 # %% [markdown]
-# ## The kernels: `moonvit_kernels/kernels/attention.py`
+# ## The kernels: `moonvit_kernels/numba_backend/attention.py`
 #
 # Both read q, k, v straight from the packed `qkv [L, 3·Q]` buffer the `wqkv` GEMM and the RoPE kernel
 # produced (no transposes), and write `o [L, Q]` in the layout the `wo` GEMM reads. The module header
@@ -236,9 +259,9 @@ print(f"one softmax over all L tokens: max |o − o_packed| = {np.abs(leaky.resh
 # %% [markdown]
 # ## Speed
 #
-# Attention does `4·n²·Q` FLOPs per item (two matrix products per head). On the simulator the times
-# measure Python threads — no GPU number exists there. On a GPU, compare v1 and v2: v2 reads K and V once
-# per tile of `block_q` rows instead of once per row.
+# Attention does `4·n²·Q` FLOPs per item (two matrix products per head). On a GPU, compare v1 and v2:
+# v2 reads K and V once per tile of `block_q` rows instead of once per row. On the simulator a time
+# measures Python threads — not performance — so only one labelled line is printed and no chart drawn.
 
 # %%
 flops = 4 * int(np.sum(lengths.astype(np.int64) ** 2)) * Q
@@ -249,14 +272,115 @@ for name, launch in launches.items():
         seconds[f"attention {name}"] = t["median"]
     else:
         seconds[f"attention {name}"] = first_run_seconds[name]
-for name, sec in seconds.items():
-    print(f"{where()}: {name}  {sec * 1e3:10.2f} ms  {flops / sec / 1e12:10.3g} TFLOP/s  (4·Σn²·Q = {flops:,} FLOP)")
-plot_timings(seconds, where(), title=f"attention, items {lengths.tolist()}")
+if on_gpu:
+    for name, sec in seconds.items():
+        print(
+            f"{where()}: {name}  {sec * 1e3:10.2f} ms  {flops / sec / 1e12:10.3g} TFLOP/s  (4·Σn²·Q = {flops:,} FLOP)"
+        )
+    display(plot_timings(seconds, where(), title=f"attention, items {lengths.tolist()}"))
+else:
+    print(
+        f"{where()} (Python threads, not GPU performance): " + ", ".join(f"{n} {t:.2f} s" for n, t in seconds.items())
+    )
 
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise cell holds a worked answer; replace it with your own and rerun — the `assert` checks it.
+# ### Your turn: write the kernel
+#
+# Two single-head attention kernels, one thread per query (`L = 23` queries and keys, `head_dim = 16`),
+# each with a gap between `▼` and `▲`. The test data are chosen so scores reach ±100: `exp` of that
+# overflows fp32 (above ≈ 88.7), so the maximum must be subtracted. `check(name, kernel)` runs your
+# kernel (simulator or GPU) against NumPy and says which queries and dims are wrong, NaN, never written,
+# or a race. As committed the checks report failures. `solution("attention_softmax")` prints a solution.
+#
+# **A.** The safe softmax in two passes: the row maximum `m`, then `p = exp(s − m)`, `l = Σ p`,
+# `acc = Σ p·v`; the cell already divides `acc / l`.
+
+# %%
+# YOUR TURN: attention_softmax — launched by check() as attention_softmax[1, 32](q, k, v, out, L, scale)
+import math
+
+from numba import float32
+
+from moonvit_kernels.exercises import check, solution
+
+HD = 16  # head dim, a compile-time constant (the size of the local accumulator)
+
+
+@cuda.jit
+def attention_softmax(q, k, v, out, L, scale):
+    i = cuda.grid(1)  # the query row of this thread
+    if i >= L:
+        return
+    m = float32(-math.inf)
+    for j in range(L):  # pass 1
+        s = float32(0.0)
+        for d in range(HD):
+            s += q[i, d] * k[j, d]
+        s *= scale
+        # ▼ your code (1): the running maximum of the scores
+        pass
+        # ▲
+    acc = cuda.local.array(HD, float32)
+    for d in range(HD):
+        acc[d] = float32(0.0)
+    l = float32(0.0)
+    for j in range(L):  # pass 2
+        s = float32(0.0)
+        for d in range(HD):
+            s += q[i, d] * k[j, d]
+        s *= scale
+        # ▼ your code (2): p = exp(s − m); add p to l and p·v[j, :] to acc
+        pass
+        # ▲
+    for d in range(HD):
+        out[i, d] = acc[d] / l
+
+
+result = check("attention_softmax", attention_softmax)
+
+# %% [markdown]
+# **B.** The online softmax, one pass over the keys (a key tile of one; attention v2 does the same per
+# 16-key tile). The placeholder below tracks the maximum but forgets that the sums so far were weighted
+# by `exp(s − m_old)`: rescale `l` and `acc` by `alpha = exp(m_old − m_new)` before adding the new key.
+
+
+# %%
+# YOUR TURN: online_softmax_rescale — launched by check() as online_softmax_rescale[1, 32](q, k, v, out, L, scale)
+@cuda.jit
+def online_softmax_rescale(q, k, v, out, L, scale):
+    i = cuda.grid(1)
+    if i >= L:
+        return
+    acc = cuda.local.array(HD, float32)
+    for d in range(HD):
+        acc[d] = float32(0.0)
+    m = float32(-math.inf)
+    l = float32(0.0)
+    for j in range(L):
+        s = float32(0.0)
+        for d in range(HD):
+            s += q[i, d] * k[j, d]
+        s *= scale
+        m_new = max(m, s)
+        # ▼ your code: this placeholder update forgets to rescale l and acc when the maximum grows
+        p = math.exp(s - m_new)
+        l = l + p
+        for d in range(HD):
+            acc[d] = acc[d] + p * v[j, d]
+        # ▲
+        m = m_new
+    for d in range(HD):
+        out[i, d] = acc[d] / l
+
+
+result = check("online_softmax_rescale", online_softmax_rescale)
+
+# %% [markdown]
+# ### Worked exercises
+#
+# Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.
 #
 # **1.** Two halves of a row's keys were processed separately, giving `(m₁, l₁, o₁)` and `(m₂, l₂, o₂)`
 # (max, sum of `exp(s − m)`, normalised output). Combine them into the full row's output — the rule
@@ -265,8 +389,16 @@ plot_timings(seconds, where(), title=f"attention, items {lengths.tolist()}")
 # %%
 s = rng.standard_normal(20) * 3
 vals = rng.standard_normal((20, 5))
-h1, h2 = online_softmax_trace(s[:9], 9, vals[:9]), online_softmax_trace(s[9:], 11, vals[9:])
-(m1, l1, o1), (m2, l2, o2) = ((h["running_max"][-1], h["running_sum"][-1], h["output"][-1]) for h in (h1, h2))
+
+
+def half_softmax(scores, values):
+    """(max, Σ exp(s − max), normalised output) of one part of a row."""
+    m_part = scores.max()
+    p_part = np.exp(scores - m_part)
+    return m_part, p_part.sum(), p_part @ values / p_part.sum()
+
+
+(m1, l1, o1), (m2, l2, o2) = half_softmax(s[:9], vals[:9]), half_softmax(s[9:], vals[9:])
 
 m = max(m1, m2)  # worked answer
 w1, w2 = l1 * np.exp(m1 - m), l2 * np.exp(m2 - m)
