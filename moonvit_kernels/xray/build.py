@@ -1,0 +1,187 @@
+"""Build every kernel's cubin per architecture (through the compile tiers) and cache it on disk.
+
+numba kernels: `numba_backend.compile_check.build_cubins(cc)` in a subprocess with the CUDA simulator
+off (numba can only compile for a GPU in a process where the simulator was never on).
+CUDA C kernels: `cuda_backend.nvrtc_check.build_cubins(arch, head_dims)` (NVRTC, in this process).
+Each build lands in `<cache>/<backend>.<arch>/` (cubins + `index.json`), keyed by a digest of the
+kernel sources, so a second report over unchanged sources costs nothing.
+
+    python -m moonvit_kernels.xray.build numba sm_90 DIR   (the subprocess entry point)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .cubin import kernel_resources
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+BACKENDS = ("numba", "cuda")
+_ARCH_CC = {"sm_80": (8, 0), "sm_86": (8, 6), "sm_89": (8, 9), "sm_90": (9, 0)}
+
+
+@dataclass
+class Binary:
+    """One compiled kernel instantiation for one architecture, with its resources."""
+
+    backend: str  # "numba" or "cuda"
+    label: str  # kernel + specialisation, e.g. "gemm_v3_none", "flash_attn_bf16_hd128"
+    arch: str
+    cubin_path: str
+    registers: int
+    static_shared: int  # bytes of static __shared__, without the 1 KiB reserve (from the cubin)
+    stack_bytes: int
+    spill_stores: int = 0
+    spill_loads: int = 0
+    threads: int | None = None  # launch block size the catalogue knows (CUDA C kernels)
+    dynamic_shared: int = 0  # launch dynamic shared memory (CUDA C kernels)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def cubin(self) -> bytes:
+        return Path(self.cubin_path).read_bytes()
+
+
+def sources_digest(extra: str = "") -> str:
+    """A digest of every kernel source (numba modules, .cu/.cuh files, the compile tiers) and tool versions."""
+    h = hashlib.sha256(extra.encode())
+    for sub in ("numba_backend", "cuda_backend"):
+        for path in sorted((PACKAGE_DIR / sub).iterdir()):
+            if path.suffix in (".py", ".cu", ".cuh"):
+                h.update(path.name.encode())
+                h.update(path.read_bytes())
+    for dist in ("numba-cuda", "nvidia-nvjitlink", "nvidia-cuda-nvrtc"):
+        try:
+            from importlib.metadata import version
+
+            h.update(f"{dist}={version(dist)}".encode())
+        except Exception:
+            pass
+    return h.hexdigest()[:16]
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where builds are cached: `cache_dir`, else $MOONVIT_XRAY_CACHE, else the system temp dir."""
+    root = cache_dir or os.environ.get("MOONVIT_XRAY_CACHE") or Path(tempfile.gettempdir()) / "moonvit_xray_cache"
+    return Path(root)
+
+
+def _resources(cubin: bytes) -> dict[str, int]:
+    res = kernel_resources(cubin)
+    if len(res) != 1:  # one kernel per cubin: both tiers build each instantiation alone
+        raise RuntimeError(f"expected one kernel in the cubin, found {sorted(res)}")
+    return next(iter(res.values()))
+
+
+# ============================================================================ numba (subprocess side)
+def _build_numba_into(arch: str, out: Path) -> None:
+    from moonvit_kernels.numba_backend import compile_check
+
+    out.mkdir(parents=True, exist_ok=True)
+    index = []
+    for label, cubin, report in compile_check.build_cubins(cc=_ARCH_CC[arch]):
+        path = out / f"{label}.{arch}.cubin"
+        path.write_bytes(cubin)
+        res = _resources(cubin)
+        index.append(
+            asdict(
+                Binary(
+                    backend="numba",
+                    label=label,
+                    arch=arch,
+                    cubin_path=str(path),
+                    registers=res.get("registers", report.registers or -1),
+                    static_shared=res.get("static_shared", 0),
+                    stack_bytes=report.stack_bytes or res.get("stack_bytes", 0),
+                    spill_stores=report.spill_stores or 0,
+                    spill_loads=report.spill_loads or 0,
+                    problems=report.problems(),
+                )
+            )
+        )
+    (out / "index.json").write_text(json.dumps(index, indent=1), encoding="utf-8")
+
+
+def _build_cuda_into(arch: str, out: Path, head_dims: tuple[int, ...]) -> None:
+    from moonvit_kernels.cuda_backend import nvrtc_check
+
+    out.mkdir(parents=True, exist_ok=True)
+    index = []
+    for filename, cubin, report in nvrtc_check.build_cubins(arch, head_dims, workers=min(2, os.cpu_count() or 1)):
+        if not cubin:
+            continue
+        path = out / filename
+        path.write_bytes(cubin)
+        res = _resources(cubin)
+        info = report.info
+        index.append(
+            asdict(
+                Binary(
+                    backend="cuda",
+                    label=report.spec.label or filename.split(".")[0],
+                    arch=arch,
+                    cubin_path=str(path),
+                    registers=res.get("registers", info.registers if info else -1),
+                    static_shared=res.get("static_shared", 0),
+                    stack_bytes=info.stack_bytes if info else res.get("stack_bytes", 0),
+                    spill_stores=info.spill_stores if info else 0,
+                    spill_loads=info.spill_loads if info else 0,
+                    threads=report.spec.threads,
+                    dynamic_shared=report.spec.dynamic_smem,
+                    problems=list(report.problems),
+                )
+            )
+        )
+    (out / "index.json").write_text(json.dumps(index, indent=1), encoding="utf-8")
+
+
+# ============================================================================ the caller's side
+def binaries(
+    backend: str, arch: str, cache_dir: str | os.PathLike | None = None, head_dims: tuple[int, ...] = (128,)
+) -> list[Binary]:
+    """Every kernel of `backend` built for `arch` (from the cache when the sources are unchanged)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
+    if arch not in _ARCH_CC:
+        raise ValueError(f"arch {arch!r} is not one of {sorted(_ARCH_CC)}")
+    extra = f"{backend}:{arch}:{head_dims}"
+    out = cache_root(cache_dir) / f"{sources_digest(extra)}" / f"{backend}.{arch}"
+    index = out / "index.json"
+    if not index.exists():
+        if backend == "cuda":
+            _build_cuda_into(arch, out, tuple(head_dims))
+        else:
+            env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+            env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_DIR.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+            r = subprocess.run(
+                [sys.executable, "-m", "moonvit_kernels.xray.build", "numba", arch, str(out)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=1800,
+            )
+            if r.returncode != 0 or not index.exists():
+                raise RuntimeError(f"building the numba cubins for {arch} failed:\n{r.stderr[-3000:]}")
+    return [Binary(**d) for d in json.loads(index.read_text(encoding="utf-8"))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Subprocess entry: `numba ARCH DIR` builds the numba kernels for ARCH into DIR."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "numba":
+        print("usage: python -m moonvit_kernels.xray.build numba ARCH DIR", file=sys.stderr)
+        return 2
+    os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
+    _build_numba_into(args[1], Path(args[2]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
