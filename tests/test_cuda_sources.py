@@ -1,4 +1,5 @@
-"""The CUDA C catalogue's host-side choices, on the CPU: which CUDA headers go with which NVRTC."""
+"""The CUDA C catalogue's host-side choices, on the CPU: which CUDA headers go with which NVRTC, which
+attention head dims fit which GPU's shared memory."""
 
 import os
 
@@ -76,3 +77,33 @@ def test_real_headers_match_the_installed_nvrtc():
     assert os.path.isfile(os.path.join(include, "cuda_bf16.h"))
     version = kcuda.header_cuda_version(include)
     assert version is None or version // 1000 == major
+
+
+# ============================================================================ head dims per architecture
+def test_head_dim_table_follows_the_shared_memory_formula():
+    assert set(kcuda.SUPPORTED_HEAD_DIMS) == set(kcuda.OPTIN_SMEM_PER_BLOCK)
+    for arch, limit in kcuda.OPTIN_SMEM_PER_BLOCK.items():
+        bf16, fp32 = kcuda.SUPPORTED_HEAD_DIMS[arch]
+        assert (kcuda.max_attention_head_dim("bfloat16", limit), kcuda.max_attention_head_dim("float32", limit)) == (
+            bf16,
+            fp32,
+        ), arch
+        for dtype, top in (("bfloat16", bf16), ("float32", fp32)):
+            assert kcuda.attention_smem_bytes(top, dtype) <= limit
+            if top < kcuda.MAX_HEAD_DIM:
+                assert kcuda.attention_smem_bytes(top + 8, dtype) > limit
+    # the figures the kernel review quoted
+    assert kcuda.attention_smem_bytes(128, "bfloat16") == 87_040
+    assert kcuda.attention_smem_bytes(248, "bfloat16") == kcuda.attention_smem_bytes(256, "bfloat16") == 168_960
+    assert kcuda.SUPPORTED_HEAD_DIMS["sm_80"][0] == 240 and kcuda.SUPPORTED_HEAD_DIMS["sm_89"][0] == 144
+
+
+def test_attention_that_does_not_fit_is_refused_with_the_limit():
+    a100 = kcuda.OPTIN_SMEM_PER_BLOCK["sm_80"]
+    kcuda.check_attention_fits(240, "bfloat16", a100, "an A100")
+    kcuda.check_attention_fits(240, "float32", 99 * 1024, "an L4")
+    with pytest.raises(ValueError, match=r"head_dim=152 \(bfloat16\) needs 107,520 B .* 101,376 B an L4 .* is 144"):
+        kcuda.check_attention_fits(152, "bfloat16", 99 * 1024, "an L4")
+    with pytest.raises(ValueError, match="multiple of 8 in 8..240"):
+        kcuda.check_attention_fits(256, "bfloat16", 10**6, "a big GPU")
+    assert kcuda.max_attention_head_dim("bfloat16", 1000) == 0

@@ -4,7 +4,7 @@ Builds the same source text, options and template instantiations the CuPy launch
 (`moonvit_kernels.cuda_backend.sources.kernel_specs`), with front-end warnings as errors, and checks
 ptxas's report: no spills, stack frames only where allowed, registers within each kernel's
 stated bound, shared memory within the architecture's per-block limit. Attention is built at
-the head dims the configs use (K3: 128, tiny: 24) and one more.
+the head dims the configs use (K3: 128, tiny: 24), one more, and MAX_HEAD_DIM.
 """
 
 import pytest
@@ -17,7 +17,8 @@ from moonvit_kernels.cuda_backend import sources as kcuda
 
 pytestmark = pytest.mark.compile
 
-HEAD_DIMS = tuple(sorted({VisionConfig.k3().head_dim, VisionConfig.tiny().head_dim, 64}))
+# the configs' head dims, one more, and the largest supported (the register file is full there: no spills allowed)
+HEAD_DIMS = tuple(sorted({VisionConfig.k3().head_dim, VisionConfig.tiny().head_dim, 64, kcuda.MAX_HEAD_DIM}))
 
 
 @pytest.fixture(scope="module")
@@ -122,12 +123,12 @@ def test_load_source_inlines_local_headers_once():
         kcuda.load_source("nope.cu")
 
 
-@pytest.mark.parametrize("head_dim", [8, 24, 128, 256])
+@pytest.mark.parametrize("head_dim", [8, 24, 128, 144, 240])
 def test_supported_head_dims(head_dim):
     kcuda.check_head_dim(head_dim)
 
 
-@pytest.mark.parametrize("head_dim", [0, 4, 12, 130, 264, "128"])
+@pytest.mark.parametrize("head_dim", [0, 4, 12, 130, 248, 256, 264, "128"])
 def test_unsupported_head_dims_are_rejected(head_dim):
     with pytest.raises(ValueError, match="head_dim"):
         kcuda.check_head_dim(head_dim)

@@ -35,7 +35,7 @@ from . import sources as kcuda
 
 ARCHS = ("sm_80", "sm_90")
 # Shared memory one block may use after opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
-SMEM_PER_BLOCK = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": 227 * 1024}
+SMEM_PER_BLOCK = kcuda.OPTIN_SMEM_PER_BLOCK
 
 
 def check_arch(arch: str) -> None:

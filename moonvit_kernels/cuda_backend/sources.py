@@ -38,8 +38,47 @@ BF16 = "__nv_bfloat16"  # the C++ spelling of bfloat16 in template arguments
 # GEMM epilogues: name -> the EPI_* number in common.cuh
 EPILOGUES = {"none": 0, "gelu_tanh": 1, "gelu_erf": 2, "residual": 3}
 
-# Attention head dims: any multiple of 8 up to this (the bf16 kernel's registers grow with hd).
-MAX_HEAD_DIM = 256
+# Attention head dims: any multiple of 8 up to MAX_HEAD_DIM, and on each GPU only those whose shared
+# memory fits its opt-in limit (checked at launch against the device's own attribute).
+# Why 240: the bf16 kernel keeps O (HDP/2 floats per thread), the Q fragments and S in registers.
+# Built with these options by NVRTC 13.5 (compile tier, no GPU), hd 216..256 take 254-255 of the
+# 255 registers a thread can have; hd 256 spills on sm_80 (8 B stores / 16 B loads; without -ftz it
+# spilled on sm_90 too, and hd 248 on sm_80), and hd 248/256 need 168,960 B of shared memory, more
+# than sm_80's 166,912 B. 240 is the largest head dim that builds without spills for sm_80 and
+# sm_90 and fits an A100; tests/test_nvrtc_compile.py builds it.
+MAX_HEAD_DIM = 240
+
+# Shared memory one block may use after opting in (cudaDevAttrMaxSharedMemoryPerBlockOptin), bytes.
+# Source: CUDA C++ Programming Guide, "Technical Specifications per Compute Capability" (maximum
+# shared memory per thread block: 163 KB for 8.0/8.7, 99 KB for 8.6/8.9/12.0, 227 KB for 9.0/10.0),
+# as in the Ampere, Ada and Hopper tuning guides. The launchers read the real value from the device;
+# this table serves the compile check and the head-dim table below.
+OPTIN_SMEM_PER_BLOCK = {
+    "sm_80": 163 * 1024,  # A100, A30: 166,912 B
+    "sm_86": 99 * 1024,  # RTX 30xx, A10, A40: 101,376 B
+    "sm_87": 163 * 1024,  # Jetson Orin
+    "sm_89": 99 * 1024,  # L4, L40S, RTX 40xx
+    "sm_90": 227 * 1024,  # H100, H200: 232,448 B
+    "sm_100": 227 * 1024,  # B200
+    "sm_120": 99 * 1024,  # RTX 50xx
+}
+
+# Largest supported attention head dim per architecture (every multiple of 8 from 8 up to it works),
+# (bf16 kernel, fp32 kernel): MAX_HEAD_DIM capped by OPTIN_SMEM_PER_BLOCK through attention_smem_bytes.
+#   arch                      opt-in smem / block   bf16 (tensor cores)   fp32 (SIMT)
+#   sm_80, sm_87              166,912 B             8..240                8..240
+#   sm_86, sm_89, sm_120      101,376 B             8..144                8..240
+#   sm_90, sm_100             232,448 B             8..240                8..240
+# (hd 152/160 need 107,520 B in bf16; K3's hd 128 needs 87,040 B and runs everywhere.)
+SUPPORTED_HEAD_DIMS = {
+    "sm_80": (240, 240),
+    "sm_86": (144, 240),
+    "sm_87": (240, 240),
+    "sm_89": (144, 240),
+    "sm_90": (240, 240),
+    "sm_100": (240, 240),
+    "sm_120": (144, 240),
+}
 
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
@@ -213,9 +252,31 @@ def attention_smem_bytes(head_dim: int, dtype: str) -> int:
 
 
 def check_head_dim(head_dim: int) -> None:
-    """ValueError unless the attention kernels support `head_dim` (a multiple of 8, 8..MAX_HEAD_DIM)."""
+    """ValueError unless the attention kernels support `head_dim` (a multiple of 8, 8..MAX_HEAD_DIM) on some GPU."""
     if not isinstance(head_dim, int) or head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"head_dim={head_dim!r} unsupported: the attention kernels need a multiple of 8 in 8..256")
+        raise ValueError(
+            f"head_dim={head_dim!r} unsupported: the attention kernels need a multiple of 8 in 8..{MAX_HEAD_DIM}"
+        )
+
+
+def max_attention_head_dim(dtype: str, smem_limit: int) -> int:
+    """The largest head dim (multiple of 8, <= MAX_HEAD_DIM) whose attention kernel in `dtype` fits
+    `smem_limit` bytes of shared memory per block; 0 when none does."""
+    fitting = [hd for hd in range(8, MAX_HEAD_DIM + 1, 8) if attention_smem_bytes(hd, dtype) <= smem_limit]
+    return max(fitting, default=0)
+
+
+def check_attention_fits(head_dim: int, dtype: str, smem_limit: int, where: str) -> None:
+    """ValueError unless attention at `head_dim` in `dtype` fits `smem_limit` bytes per block (`where`
+    names the GPU in the message)."""
+    check_head_dim(head_dim)
+    need = attention_smem_bytes(head_dim, dtype)
+    if need > smem_limit:
+        raise ValueError(
+            f"attention head_dim={head_dim} ({dtype}) needs {need:,} B of shared memory per block, more than the "
+            f"{smem_limit:,} B {where} allows; the largest head dim that fits there is "
+            f"{max_attention_head_dim(dtype, smem_limit)} (see sources.SUPPORTED_HEAD_DIMS)"
+        )
 
 
 def _type_name(dtype: str) -> str:
@@ -246,9 +307,12 @@ def merge_name(in_dtype: str, out_dtype: str) -> str:
 DTYPES = ("float32", "bfloat16")
 
 # Register bounds, from the occupancy each kernel is designed for (65536 registers per SM):
-# the GEMMs run 256 threads with 2 blocks per SM -> <= 128; the bf16 attention's shared memory
-# (87 KB at hd 128) already limits it to 2 blocks of 128 threads per SM -> <= 255, the hardware
-# cap (it keeps Q fragments, O and S accumulators in registers); the memory-bound kernels stay small.
+# the GEMMs run 256 threads with 2 blocks per SM -> <= 128. The bf16 attention's shared memory
+# decides its occupancy: at hd 128 a block takes 87,040 B + 1,024 B the system reserves per block,
+# so an SM holds 2 blocks on sm_90 (228 KB = 233,472 B per SM) but only 1 on sm_80 (164 KB =
+# 167,936 B < 2 x 88,064 B) and sm_86/89 (100 KB); 2 blocks x 128 threads x 255 registers fit the
+# register file, so it may use up to 255, the hardware cap (it keeps Q fragments, O and S
+# accumulators in registers). The memory-bound kernels stay small.
 _REG_GEMM_BF16 = 128
 _REG_GEMM_FP32 = 128
 _REG_ATTN_BF16 = 255
