@@ -85,6 +85,23 @@ def test_error_heatmap_shows_the_error_matrix():
     np.testing.assert_allclose(rel, (np.abs(got - ref) / np.abs(ref))[0, 0][None])
 
 
+def test_error_heatmap_against_a_bound_uses_a_fixed_log_scale():
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((6, 5))
+    got = ref.copy()
+    got[2] += 1.0  # one bad row
+    fig = plots.error_heatmap(got, ref, bound=1e-3)
+    (data,) = image_arrays(fig.axes[0])
+    assert data.min() >= 1e-3 and data.max() == 1e3  # clipped to the fixed scale
+    np.testing.assert_array_equal(np.flatnonzero(data.max(axis=1) > 1), [2])
+    assert fig.axes[0].get_images()[0].norm.vmin == 1e-3
+    assert "error/bound" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="bound"):
+        plots.error_heatmap(got, ref, bound=0.0)
+    with pytest.raises(ValueError, match="scale"):
+        plots.error_heatmap(got, ref, bound=1.0, scale=(2.0, 3.0))
+
+
 def test_error_heatmap_counts_nan_and_checks_shapes():
     ref = np.ones((3, 4)) * np.arange(1, 5)
     got = ref.copy()

@@ -20,10 +20,25 @@ def error_matrix(got: np.ndarray, ref: np.ndarray, relative: bool = False) -> np
     return err.reshape(err.shape[0], -1)
 
 
-def error_heatmap(got: Any, ref: Any, title: str = "", relative: bool = False) -> Figure:
+def error_heatmap(
+    got: Any,
+    ref: Any,
+    title: str = "",
+    relative: bool = False,
+    bound: Any = None,
+    scale: tuple[float, float] = (1e-3, 1e3),
+) -> Figure:
     """Heat map of `|got − ref|` (or `/ max(|ref|, tiny)` with `relative`) as `[rows, rest]`:
     1-D arrays become one row, N-D arrays are flattened after their first axis. NaN shows as
-    the colormap's 'bad' colour and is counted in the title."""
+    the colormap's 'bad' colour and is counted in the title.
+
+    With `bound` (an array broadcastable to `ref`, or a number: the allowed error per element), the
+    map shows `|got − ref| / bound` on a fixed logarithmic colour scale `scale` (values outside are
+    clipped) with a diverging colormap centred on 1, so pictures of different kernels compare
+    directly: blue is within the bound, red beyond it.
+    """
+    from matplotlib.colors import LogNorm
+
     g = np.asarray(got, dtype=np.float64)
     r = np.asarray(ref, dtype=np.float64)
     if g.shape != r.shape:
@@ -31,14 +46,29 @@ def error_heatmap(got: Any, ref: Any, title: str = "", relative: bool = False) -
     err = error_matrix(g, r, relative)
     fig = Figure(figsize=(7, 3.6), layout="constrained")
     ax = fig.subplots()
-    im = ax.imshow(err, aspect="auto", interpolation="nearest", cmap="magma")
-    fig.colorbar(im, ax=ax, label="relative error" if relative else "|got − ref|")
+    if bound is None:
+        im = ax.imshow(err, aspect="auto", interpolation="nearest", cmap="magma")
+        label = "relative error" if relative else "|got − ref|"
+    else:
+        lo, hi = scale
+        if not 0 < lo < 1 < hi:
+            raise ValueError(f"scale must satisfy 0 < low < 1 < high, got {scale}")
+        b = np.broadcast_to(np.asarray(bound, dtype=np.float64), r.shape).reshape(err.shape)
+        if np.any(b <= 0):
+            raise ValueError("bound must be positive everywhere")
+        err = err / b
+        im = ax.imshow(
+            np.clip(err, lo, hi), aspect="auto", interpolation="nearest", cmap="coolwarm", norm=LogNorm(lo, hi)
+        )
+        label = "error / bound  (> 1: beyond the bound)"
+    fig.colorbar(im, ax=ax, label=label)
     finite = np.isfinite(err)
     worst = float(err[finite].max()) if finite.any() else float("nan")
     bad = int((~finite).sum())
     ax.set_xlabel("flattened trailing axes" if g.ndim > 2 else "column")
     ax.set_ylabel("row")
-    ax.set_title(f"{title + ': ' if title else ''}max {worst:.3e}" + (f", {bad} NaN/Inf" if bad else ""))
+    what = f"max error/bound {worst:.3g}" if bound is not None else f"max {worst:.3e}"
+    ax.set_title(f"{title + ': ' if title else ''}{what}" + (f", {bad} NaN/Inf" if bad else ""))
     return fig
 
 
