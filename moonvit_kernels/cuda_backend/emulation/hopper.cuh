@@ -1,0 +1,530 @@
+// hopper.cuh — CPU models of the Hopper (sm_90a) machinery the sm90 kernels use, written from the
+// PTX ISA and the CUDA driver API documentation (not from the kernels):
+//   - shared-memory addresses: dynamic shared memory is a window starting at shared address
+//     SMEM_BASE (16-byte but deliberately not 1024-byte aligned, so kernels must align their
+//     swizzled tiles themselves);
+//   - swizzling (PTX ISA "Shared Memory Matrix Layout"; driver CU_TENSOR_MAP_SWIZZLE_*): the 16-byte
+//     chunk bits [4, 4 + b) of a shared address are XORed with bits [7, 7 + b), b = 1, 2, 3 for the
+//     32, 64, 128-byte modes — a function of the address, shared by the copy engine and wgmma;
+//   - the wgmma matrix descriptor ("Matrix Descriptor Format") and K-major operand addressing;
+//   - mbarrier: expected count, pending arrivals, tx-count, phase; a phase completes when the
+//     pending arrivals and the tx-count are both zero, then the phase flips and the arrivals reset;
+//     try_wait.parity(P) is true once the phase of parity P is complete (current phase parity != P);
+//   - tensor maps (cuTensorMapEncodeTiled's requirements checked) and cp.async.bulk.tensor 2-D box
+//     loads: elements outside the tensor are zeros; the whole box's bytes complete on the mbarrier;
+//     the destination holds garbage from the issue until the data lands, which is modelled as late
+//     as a correct program allows: when some thread next polls the completion barrier;
+//   - wgmma.mma_async (m64nNk16, bf16 -> fp32, A and B K-major from descriptors): asynchronous — at
+//     the issue the accumulators read as NaN and the result lands at the issuing thread's
+//     wgmma.wait_group that retires its group; an operation runs only when all 128 threads of the
+//     warpgroup have issued it (their descriptors must agree), and reads shared memory then;
+//     a wgmma after the thread's last retired group must follow a wgmma.fence;
+//   - setmaxnreg: a no-op with checks (24..256, multiple of 8, the same value across the warpgroup,
+//     .inc never below / .dec never above the current count); an .inc waits until the block's
+//     register pool (registers at entry x threads) has room, so asking for too many deadlocks.
+// Threads blocked on an mbarrier or on an incomplete wgmma park and the scheduler (launch_async)
+// runs the other warps; when nothing can move it reports a deadlock. Every misuse aborts with a
+// message on stderr (tests of misuse run in a subprocess).
+#pragma once
+#include <list>
+#include <map>
+#include <string>
+
+namespace emu::hopper {
+
+[[noreturn]] inline void fail(const std::string& what) {
+  std::fprintf(stderr, "emulation (hopper): %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// ============================================================================ shared addresses
+constexpr uint32_t SMEM_BASE = 0x410;
+
+inline uint32_t smem_addr(const void* p) {
+  const unsigned char* base = emu::dynamic_smem();
+  const auto* q = static_cast<const unsigned char*>(p);
+  const size_t size = emu::g_block->dyn_smem.size();
+  if (q < base || q > base + size) fail("shared address of an object outside dynamic shared memory");
+  return SMEM_BASE + uint32_t(q - base);
+}
+inline unsigned char* smem_ptr(uint32_t addr, size_t bytes, const char* who) {
+  const size_t size = emu::g_block->dyn_smem.size();
+  if (addr < SMEM_BASE || addr - SMEM_BASE + bytes > size)
+    fail(std::string(who) + ": shared address " + std::to_string(addr) + " outside the block's shared memory");
+  return emu::dynamic_smem() + (addr - SMEM_BASE);
+}
+
+// ============================================================================ swizzling
+// span: 0 or 16 (none), 32, 64, 128 bytes.
+inline uint32_t swizzle(uint32_t addr, int span) {
+  const int bits = span == 128 ? 3 : span == 64 ? 2 : span == 32 ? 1 : 0;
+  const uint32_t mask = (1u << bits) - 1u;
+  return addr ^ (((addr >> 7) & mask) << 4);
+}
+
+// ============================================================================ wgmma descriptors
+struct SmemDesc {
+  uint32_t start, lbo, sbo, base_offset;
+  int mode;  // WGMMA_SWIZZLE_* (0 none, 1 128B, 2 64B, 3 32B)
+  int span() const { return mode == 1 ? 128 : mode == 2 ? 64 : mode == 3 ? 32 : 16; }
+};
+inline SmemDesc decode_desc(uint64_t d) {
+  SmemDesc s;
+  s.start = uint32_t(d & 0x3FFF) << 4;
+  s.lbo = uint32_t((d >> 16) & 0x3FFF) << 4;
+  s.sbo = uint32_t((d >> 32) & 0x3FFF) << 4;
+  s.base_offset = uint32_t((d >> 49) & 7);
+  s.mode = int(d >> 62);
+  return s;
+}
+// Shared address of element (mn, k) (16-bit elements, k < 16) of a K-major operand:
+//   no swizzle: 8x8 core matrices of 8 rows x 16 contiguous bytes; SBO steps 8 rows, LBO steps 8 k;
+//   swizzled:   rows of `span` bytes, 8 rows per pattern repeat, SBO steps 8 rows; the k16 slice
+//               (32 bytes) lies within a row; the address is then swizzled.
+inline uint32_t kmajor_addr(const SmemDesc& d, int mn, int k) {
+  if (d.mode == 0) return d.start + (mn / 8) * d.sbo + (k / 8) * d.lbo + (mn % 8) * 16 + (k % 8) * 2;
+  return swizzle(d.start + (mn / 8) * d.sbo + (mn % 8) * d.span() + k * 2, d.span());
+}
+
+// ============================================================================ per-block state
+struct CopyJob {  // one cp.async.bulk.tensor in flight
+  uint32_t dst;
+  int c0, c1;
+  unsigned char map[128];
+};
+struct Mbar {
+  uint32_t expected = 0, pending = 0, phase = 0;
+  int64_t tx = 0;
+  std::vector<CopyJob> copies;  // issued, not yet landed
+};
+struct WgOp {  // one wgmma.mma_async of a warpgroup
+  uint64_t da = 0, db = 0;
+  int n = 0, scale_d = 1, issued = 0;
+  bool done = false;
+  std::vector<float*> shadow;  // per thread of the warpgroup: where its accumulators live meanwhile
+};
+struct Shadow {  // accumulators of one wgmma chain of one thread while operations are in flight
+  float* regs;
+  int n;
+  std::vector<float> value;
+};
+struct ThreadState {
+  std::vector<std::vector<int>> groups;  // committed wgmma groups (op indices), oldest first
+  std::vector<int> open;                 // issued, not yet committed
+  int issued = 0;                        // wgmma operations issued so far (= next op index)
+  bool fenced = false;                   // wgmma.fence since the last retirement
+  std::list<Shadow> shadows;
+  int setmaxnreg_calls = 0;
+  bool parked = false;
+};
+struct Warpgroup {
+  std::vector<WgOp> ops;
+  std::vector<int> setmaxnreg;  // value of the k-th call (negative: .dec)
+  int applied = 0;              // calls whose count is in force
+  int regs = 0;
+};
+struct BlockState {
+  std::map<uint32_t, Mbar> bars;
+  std::vector<ThreadState> threads;
+  std::vector<Warpgroup> wgs;
+  int regs_at_entry = 0;
+  uint64_t events = 0;  // bumps on anything that may unblock a parked thread
+};
+inline BlockState* g_state = nullptr;
+
+inline int thread_index() { return int(emu::g_cur - emu::g_block->fibers.data()); }
+inline ThreadState& me() { return g_state->threads[thread_index()]; }
+
+// A thread that cannot go on yields to the scheduler; it is resumed later to look again.
+inline void park() {
+  me().parked = true;
+  swapcontext(&emu::g_cur->ctx, &emu::g_scheduler);
+}
+
+// ============================================================================ mbarrier
+constexpr uint64_t MBAR_TAG = 0x4d42415200000000ull;  // "MBAR" + the address: what init leaves in the word
+
+inline Mbar& bar_at(uint32_t addr, const char* who) {
+  if (addr % 8) fail(std::string(who) + ": mbarrier address not 8-byte aligned");
+  uint64_t word;
+  std::memcpy(&word, smem_ptr(addr, 8, who), 8);
+  auto it = g_state->bars.find(addr);
+  if (it == g_state->bars.end() || word != (MBAR_TAG | addr))
+    fail(std::string(who) + ": mbarrier at " + std::to_string(addr) + " used before mbarrier.init (or overwritten)");
+  return it->second;
+}
+inline void bar_check_phase(Mbar& b) {
+  if (b.pending == 0 && b.tx == 0) {
+    b.phase ^= 1u;
+    b.pending = b.expected;
+    ++g_state->events;
+  } else if (b.pending == 0 && b.tx < 0) {
+    fail("mbarrier: more transaction bytes completed than expected (tx-count below zero)");
+  }
+}
+inline void mbar_init(uint32_t addr, uint32_t count) {
+  if (addr % 8) fail("mbarrier.init: address not 8-byte aligned");
+  if (count < 1 || count > (1u << 20) - 1) fail("mbarrier.init: count outside 1 .. 2^20 - 1");
+  Mbar b;
+  b.expected = b.pending = count;
+  g_state->bars[addr] = b;
+  const uint64_t word = MBAR_TAG | addr;
+  std::memcpy(smem_ptr(addr, 8, "mbarrier.init"), &word, 8);
+  ++g_state->events;
+}
+inline void mbar_expect_tx(uint32_t addr, uint32_t bytes) {
+  Mbar& b = bar_at(addr, "mbarrier.expect_tx");
+  if (bytes > (1u << 20) - 1) fail("mbarrier.expect_tx: more than 2^20 - 1 bytes");
+  b.tx += bytes;
+}
+inline void mbar_complete_tx(uint32_t addr, uint32_t bytes) {
+  Mbar& b = bar_at(addr, "mbarrier.complete_tx");
+  b.tx -= bytes;
+  ++g_state->events;
+  bar_check_phase(b);
+}
+inline void mbar_arrive(uint32_t addr) {
+  Mbar& b = bar_at(addr, "mbarrier.arrive");
+  if (b.pending == 0) fail("mbarrier.arrive: more arrivals than the expected count in one phase");
+  --b.pending;
+  ++g_state->events;
+  bar_check_phase(b);
+}
+void land_copies(uint32_t bar);  // below, with the tensor maps
+inline bool mbar_try_wait_parity(uint32_t addr, uint32_t parity) {
+  bar_at(addr, "mbarrier.try_wait");
+  land_copies(addr);
+  return (g_state->bars[addr].phase & 1u) != (parity & 1u);
+}
+
+// ============================================================================ tensor maps and bulk tensor copies
+struct TensorMap {  // what our cuTensorMapEncodeTiled stores in the 128 opaque bytes
+  uint32_t magic, esize, rank, span;
+  uint64_t gaddr;
+  uint64_t dims[3], strides[3];  // strides in bytes, strides[0] = esize
+  uint32_t box[3];
+  uint32_t oob_nan;
+};
+static_assert(sizeof(TensorMap) <= 128, "tensor map fields exceed CUtensorMap's 128 bytes");
+constexpr uint32_t TMAP_MAGIC = 0x544d4150;  // "TMAP"
+
+// cuTensorMapEncodeTiled for the model (rank <= 3, element strides 1, no interleave): 0 on success,
+// 1 (CUDA_ERROR_INVALID_VALUE) with `why` filled when an argument breaks the driver's requirements.
+inline int encode_tiled(void* out128, uint32_t esize, uint32_t rank, const void* gaddr, const uint64_t* dims,
+                        const uint64_t* strides_above0, const uint32_t* box, int swizzle_span, int oob_nan,
+                        std::string* why) {
+  auto bad = [&](const std::string& w) {
+    if (why) *why = w;
+    return 1;
+  };
+  if (reinterpret_cast<uintptr_t>(out128) % 64) return bad("tensorMap address not 64-byte aligned");
+  if (esize != 1 && esize != 2 && esize != 4 && esize != 8) return bad("element size not 1, 2, 4 or 8 bytes");
+  if (rank < 1 || rank > 3) return bad("rank outside 1..3 (the model's limit)");
+  if (reinterpret_cast<uintptr_t>(gaddr) % 16) return bad("globalAddress not 16-byte aligned");
+  TensorMap m{};
+  m.magic = TMAP_MAGIC;
+  m.esize = esize;
+  m.rank = rank;
+  m.span = uint32_t(swizzle_span);
+  m.gaddr = reinterpret_cast<uintptr_t>(gaddr);
+  m.oob_nan = uint32_t(oob_nan != 0);
+  for (uint32_t i = 0; i < rank; ++i) {
+    if (dims[i] == 0 || dims[i] > (1ull << 32)) return bad("globalDim[" + std::to_string(i) + "] not in 1..2^32");
+    if (box[i] == 0 || box[i] > 256) return bad("boxDim[" + std::to_string(i) + "] not in 1..256");
+    m.dims[i] = dims[i];
+    m.box[i] = box[i];
+    m.strides[i] = i == 0 ? esize : strides_above0[i - 1];
+    if (i > 0 && (m.strides[i] % 16 || m.strides[i] >= (1ull << 40)))
+      return bad("globalStrides[" + std::to_string(i - 1) + "] not a multiple of 16 below 2^40");
+  }
+  if (box[0] * esize % 16) return bad("boxDim[0] * elementSize not a multiple of 16 bytes");
+  if (swizzle_span != 0 && swizzle_span != 32 && swizzle_span != 64 && swizzle_span != 128)
+    return bad("swizzle not none, 32, 64 or 128 bytes");
+  if (swizzle_span && box[0] * esize > uint32_t(swizzle_span))
+    return bad("boxDim[0] * elementSize exceeds the swizzle span");
+  if (swizzle_span && box[0] * esize != uint32_t(swizzle_span))
+    return bad("inner box narrower than the swizzle span (not modelled)");
+  std::memset(out128, 0, 128);
+  std::memcpy(out128, &m, sizeof m);
+  return 0;
+}
+inline TensorMap read_map(const void* p) {
+  TensorMap m;
+  std::memcpy(&m, p, sizeof m);
+  if (m.magic != TMAP_MAGIC) fail("cp.async.bulk.tensor: the tensor map was not made by cuTensorMapEncodeTiled");
+  return m;
+}
+inline uint32_t box_bytes(const TensorMap& m) {
+  uint32_t n = m.esize;
+  for (uint32_t i = 0; i < m.rank; ++i) n *= m.box[i];
+  return n;
+}
+// cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
+inline void tma_load_2d(uint32_t dst, const void* map, int c0, int c1, uint32_t bar) {
+  const TensorMap m = read_map(map);
+  if (m.rank != 2) fail("cp.async.bulk.tensor.2d with a tensor map of rank " + std::to_string(m.rank));
+  if (dst % 128) fail("cp.async.bulk.tensor: shared destination not 128-byte aligned");
+  bar_at(bar, "cp.async.bulk.tensor");
+  std::memset(smem_ptr(dst, box_bytes(m), "cp.async.bulk.tensor"), 0xCD, box_bytes(m));  // undefined until it lands
+  CopyJob j;
+  j.dst = dst;
+  j.c0 = c0;
+  j.c1 = c1;
+  std::memcpy(j.map, map, 128);
+  g_state->bars[bar].copies.push_back(j);
+}
+inline void land(const CopyJob& j) {
+  const TensorMap m = read_map(j.map);
+  const uint32_t es = m.esize;
+  const unsigned char nan_bits[8] = {0xff, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff, 0x7f};
+  for (uint32_t y = 0; y < m.box[1]; ++y)
+    for (uint32_t x = 0; x < m.box[0]; ++x) {
+      const int64_t gx = int64_t(j.c0) + x, gy = int64_t(j.c1) + y;
+      const bool inside = gx >= 0 && gy >= 0 && uint64_t(gx) < m.dims[0] && uint64_t(gy) < m.dims[1];
+      const uint32_t a = swizzle(j.dst + (y * m.box[0] + x) * es, int(m.span));
+      unsigned char* d = smem_ptr(a, es, "cp.async.bulk.tensor");
+      if (inside)
+        std::memcpy(d, reinterpret_cast<const unsigned char*>(m.gaddr) + gy * m.strides[1] + gx * es, es);
+      else if (m.oob_nan)
+        std::memcpy(d, nan_bits + 8 - es, es);
+      else
+        std::memset(d, 0, es);
+    }
+}
+inline void land_copies(uint32_t bar) {
+  std::vector<CopyJob> jobs;
+  jobs.swap(g_state->bars[bar].copies);
+  for (const CopyJob& j : jobs) {
+    land(j);
+    mbar_complete_tx(bar, box_bytes(read_map(j.map)));
+  }
+}
+
+// ============================================================================ wgmma
+inline float bf16_at(uint32_t addr) {
+  unsigned short v;
+  std::memcpy(&v, smem_ptr(addr, 2, "wgmma.mma_async"), 2);
+  return __bfloat162float(__nv_bfloat16{v});
+}
+// Run op `k` of warpgroup `wg` for all its threads: D = A·Bᵀ (+ D), thread t's fragment
+// d[4i + j] = D[16(t/32) + (t%32)/4 + 8(j/2)][8i + 2(t%4) + j%2] (PTX ISA, wgmma .m64nNk16 accumulator D).
+inline void run_op(int wg, int k) {
+  Warpgroup& W = g_state->wgs[wg];
+  for (int i = 0; i < k; ++i)
+    if (!W.ops[i].done) run_op(wg, i);
+  WgOp& op = W.ops[k];
+  if (op.done) return;
+  const SmemDesc a = decode_desc(op.da), b = decode_desc(op.db);
+  if (a.base_offset || b.base_offset) fail("wgmma: matrix base offset != 0 is not modelled");
+  for (int t = 0; t < 128; ++t) {
+    float* d = op.shadow[t];
+    const int w = t / 32, l = t % 32;
+    for (int i = 0; i < op.n / 8; ++i)
+      for (int j = 0; j < 4; ++j) {
+        const int row = 16 * w + l / 4 + 8 * (j / 2), col = 8 * i + 2 * (l % 4) + j % 2;
+        float acc = op.scale_d ? d[4 * i + j] : 0.0f;
+        for (int kk = 0; kk < 16; ++kk) acc += bf16_at(kmajor_addr(a, row, kk)) * bf16_at(kmajor_addr(b, col, kk));
+        d[4 * i + j] = acc;
+      }
+  }
+  op.done = true;
+  ++g_state->events;
+}
+inline void wgmma_fence() { me().fenced = true; }
+inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d) {
+  const int tid = thread_index(), wg = tid / 128;
+  ThreadState& T = me();
+  if (T.groups.empty() && T.open.empty() && !T.fenced)
+    fail("wgmma.mma_async without a wgmma.fence before it (the accumulators may still be in use)");
+  Shadow* sh = nullptr;
+  for (Shadow& s : T.shadows)
+    if (s.regs == d) sh = &s;
+  if (!sh) {  // the chain starts: its values move to the shadow, the registers read as NaN until the wait
+    T.shadows.push_back(Shadow{d, n, std::vector<float>(d, d + n / 2)});
+    sh = &T.shadows.back();
+    for (int i = 0; i < n / 2; ++i) d[i] = std::nanf("");
+  } else if (sh->n != n) {
+    fail("wgmma: one accumulator chain with two shapes");
+  }
+  Warpgroup& W = g_state->wgs[wg];
+  const int k = T.issued++;
+  if (int(W.ops.size()) <= k) {
+    W.ops.push_back(WgOp{da, db, n, scale_d, 0, false, std::vector<float*>(128, nullptr)});
+  } else {
+    const WgOp& o = W.ops[k];
+    if (o.da != da || o.db != db || o.n != n || o.scale_d != scale_d)
+      fail("wgmma.mma_async: threads of one warpgroup issued different operations (descriptors, shape or scale-d)");
+  }
+  W.ops[k].shadow[tid % 128] = sh->value.data();
+  ++W.ops[k].issued;
+  T.open.push_back(k);
+  ++g_state->events;
+}
+inline void wgmma_commit() {
+  ThreadState& T = me();
+  T.groups.push_back(std::move(T.open));
+  T.open.clear();
+}
+inline void wgmma_wait(int n_pending) {
+  const int wg = thread_index() / 128;
+  ThreadState& T = me();
+  if (!T.open.empty()) fail("wgmma.wait_group with wgmma operations not committed to a group");
+  while (int(T.groups.size()) > n_pending) {
+    for (int k : T.groups.front()) {
+      while (g_state->wgs[wg].ops[k].issued < 128) park();  // the warpgroup has not issued it yet
+      run_op(wg, k);
+    }
+    T.groups.erase(T.groups.begin());
+  }
+  // chains with no operation in flight any more: their results land in the registers
+  std::vector<int> live;
+  for (auto& g : T.groups) live.insert(live.end(), g.begin(), g.end());
+  for (auto it = T.shadows.begin(); it != T.shadows.end();) {
+    bool busy = false;
+    for (int k : live) busy |= g_state->wgs[wg].ops[k].shadow[thread_index() % 128] == it->value.data();
+    if (busy) {
+      ++it;
+      continue;
+    }
+    std::memcpy(it->regs, it->value.data(), sizeof(float) * it->n / 2);
+    it = T.shadows.erase(it);
+  }
+  T.fenced = false;
+}
+
+// ============================================================================ setmaxnreg
+inline void setmaxnreg(int regs, bool inc) {
+  if (regs < 24 || regs > 256 || regs % 8) fail("setmaxnreg: count not a multiple of 8 in 24..256");
+  const int wg = thread_index() / 128;
+  ThreadState& T = me();
+  Warpgroup& W = g_state->wgs[wg];
+  const int k = T.setmaxnreg_calls++;
+  const int code = inc ? regs : -regs;
+  if (int(W.setmaxnreg.size()) > k) {
+    if (W.setmaxnreg[k] != code) fail("setmaxnreg: threads of one warpgroup asked for different counts");
+  } else {
+    W.setmaxnreg.push_back(code);
+  }
+  while (W.applied <= k) {  // the warpgroup's first thread here applies it (an .inc waits for free registers)
+    if (inc && regs < W.regs) fail("setmaxnreg.inc below the current register count");
+    if (!inc && regs > W.regs) fail("setmaxnreg.dec above the current register count");
+    int others = 0;
+    for (const Warpgroup& o : g_state->wgs) others += &o == &W ? 0 : 128 * o.regs;
+    if (others + 128 * regs <= g_state->regs_at_entry * int(emu::g_block->fibers.size())) {
+      W.regs = regs;
+      W.applied = k + 1;
+      ++g_state->events;
+    } else {
+      park();
+    }
+  }
+}
+
+// ============================================================================ the scheduler
+// Like emu::launch, plus parking: a warp runs until each of its threads waits at __syncthreads,
+// has exited, or is parked with nothing new to see; warps take turns in alternating order.
+// `regs_at_entry` is the kernel's register count at entry (its __launch_bounds__ cap), the pool
+// setmaxnreg redistributes.
+template <typename F>
+void launch_async(dim3 grid, dim3 block, size_t smem, int regs_at_entry, F kernel) {
+  gridDim = grid;
+  blockDim = block;
+  const int n = block.x * block.y * block.z;
+  if (n % 128) fail("launch_async: the block must be whole warpgroups (a multiple of 128 threads)");
+  std::function<void()> k = kernel;
+  emu::g_kernel = &k;
+  emu::Block b;
+  b.fibers.resize(n);
+  b.exchange.assign(n / 32, std::vector<unsigned char>(32 * emu::SLOT_BYTES));
+  b.scratch.assign(n / 32, std::vector<float>(16 * 16 + 16 * 8));
+  for (int t = 0; t < n; ++t) {
+    b.fibers[t].stack.reset(new char[emu::STACK_BYTES]);
+    b.fibers[t].tid = dim3{unsigned(t % block.x), unsigned((t / block.x) % block.y), unsigned(t / (block.x * block.y))};
+    b.fibers[t].warp = t / 32;
+    b.fibers[t].lane = t % 32;
+  }
+  emu::g_block = &b;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        blockIdx = dim3{bx, by, bz};
+        b.dyn_smem.assign(smem, 0xCD);
+        BlockState st;
+        st.threads.resize(n);
+        st.wgs.resize(n / 128);
+        for (auto& w : st.wgs) w.regs = regs_at_entry;
+        st.regs_at_entry = regs_at_entry;
+        g_state = &st;
+        for (auto& f : b.fibers) {
+          f.state = emu::RUNNABLE;
+          f.groups.clear();
+          f.open.clear();
+          getcontext(&f.ctx);
+          f.ctx.uc_stack.ss_sp = f.stack.get();
+          f.ctx.uc_stack.ss_size = emu::STACK_BYTES;
+          f.ctx.uc_link = &emu::g_scheduler;
+          makecontext(&f.ctx, emu::fiber_entry, 0);
+        }
+        for (int sweep = 0;; ++sweep) {
+          bool progress = false;
+          for (int wi = 0; wi < n / 32; ++wi) {
+            const int w = sweep % 2 ? n / 32 - 1 - wi : wi;
+            for (int round = 0;; ++round) {  // run warp w as far as it goes
+              bool moved = false;
+              for (int i = 0; i < 32; ++i) {
+                const int t = 32 * w + (round % 2 ? 31 - i : i);
+                emu::Fiber& f = b.fibers[t];
+                if (f.state != emu::RUNNABLE) continue;
+                const bool was_parked = st.threads[t].parked;
+                const uint64_t ev = st.events;
+                st.threads[t].parked = false;
+                emu::g_cur = &f;
+                threadIdx = f.tid;
+                swapcontext(&emu::g_scheduler, &f.ctx);
+                emu::g_cur = nullptr;
+                if (!(was_parked && st.threads[t].parked && st.events == ev)) moved = true;
+              }
+              int live = 0, at_warp = 0;
+              for (int l = 0; l < 32; ++l) {
+                const emu::Fiber& f = b.fibers[32 * w + l];
+                live += f.state != emu::DONE;
+                at_warp += f.state == emu::AT_WARP_BARRIER;
+              }
+              if (at_warp > 0 && at_warp == live) {
+                for (int l = 0; l < 32; ++l)
+                  if (b.fibers[32 * w + l].state == emu::AT_WARP_BARRIER) b.fibers[32 * w + l].state = emu::RUNNABLE;
+                moved = true;
+              }
+              progress |= moved;
+              if (!moved) break;
+            }
+          }
+          int live = 0, at_block = 0;
+          for (auto& f : b.fibers) live += f.state != emu::DONE, at_block += f.state == emu::AT_BLOCK_BARRIER;
+          if (live == 0) break;
+          if (at_block == live) {
+            for (auto& f : b.fibers)
+              if (f.state == emu::AT_BLOCK_BARRIER) f.state = emu::RUNNABLE;
+            continue;
+          }
+          if (!progress) {
+            std::string who;
+            for (int t = 0; t < n && who.size() < 300; ++t)
+              if (b.fibers[t].state != emu::DONE)
+                who += " t" + std::to_string(t) + (st.threads[t].parked ? "(parked)" : "(at a barrier)");
+            fail("deadlock: no thread can move;" + who);
+          }
+        }
+        for (auto& [addr, bar] : st.bars)
+          if (!bar.copies.empty()) fail("a bulk tensor copy was never waited for");
+        for (int t = 0; t < n; ++t)
+          if (!st.threads[t].groups.empty() || !st.threads[t].open.empty())
+            fail("a thread exited with wgmma operations never waited for");
+        g_state = nullptr;
+      }
+  emu::g_block = nullptr;
+  emu::g_kernel = nullptr;
+}
+
+}  // namespace emu::hopper
