@@ -1,0 +1,136 @@
+"""Baselines measured in the same run as the kernels, with the same timer kind.
+
+    GEMM fp32        cuBLAS SGEMM through `cupy.matmul` (torch.matmul with TF32 off without CuPy)
+    GEMM bf16        cuBLAS bf16 through `torch.matmul` (CuPy float16 without torch: same tensor-core rate)
+    attention        torch `scaled_dot_product_attention` in the kernel's dtype (torch picks flash/cuDNN/...)
+    memory-bound     a device-to-device copy moving the same bytes (read + write)
+
+Under `--simulate` there is no GPU: the baselines are NumPy on the CPU (matmul, the reference
+attention, `np.copyto`) timed with the host clock, so "% of baseline" compares the simulator or
+emulator with NumPy and says nothing about a GPU. Every baseline is cached per shape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .timing import Timing, cupy_timer, host_timer, measure, numba_timer, torch_timer
+
+
+def _try_import(name: str) -> Any:
+    try:
+        return __import__(name)
+    except Exception:
+        return None
+
+
+class Baselines:
+    """`get(kind, *shape)` -> `(label, Timing)` or `(reason, None)` when no baseline exists here."""
+
+    def __init__(self, simulate: bool, repeats: int, warmup: int, seconds_per_item: float):
+        self.simulate = simulate
+        self.repeats, self.warmup, self.seconds = repeats, warmup, seconds_per_item
+        self.cache: dict[tuple, tuple[str, Timing | None]] = {}
+        self.cupy = None if simulate else _try_import("cupy")
+        self.torch = None
+        if not simulate:
+            torch = _try_import("torch")
+            try:
+                if torch is not None and torch.cuda.is_available():
+                    self.torch = torch
+            except Exception:
+                pass
+
+    def get(self, kind: str, *shape: Any) -> tuple[str, Timing | None]:
+        key = (kind, *shape)
+        if key not in self.cache:
+            make = getattr(self, f"_{kind}")
+            label, fn, timer, clock = make(*shape)
+            timing = None if fn is None else measure(fn, timer, clock, self.repeats, self.warmup, self.seconds)
+            self.cache[key] = (label, timing)
+        return self.cache[key]
+
+    # ------------------------------------------------------------------ GEMMs
+    def _gemm_fp32(self, M: int, N: int, K: int) -> tuple[str, Callable | None, Any, str]:
+        if self.simulate:
+            a, b = _host_operands(M, N, K)
+            return "NumPy matmul fp32 (CPU)", lambda: a @ b.T, host_timer, "host clock"
+        if self.cupy is not None:
+            cp = self.cupy
+            rng = cp.random.default_rng(11)
+            a = rng.standard_normal((M, K), dtype=cp.float32)
+            b = rng.standard_normal((N, K), dtype=cp.float32)
+            return "cuBLAS fp32 (cupy.matmul)", lambda: cp.matmul(a, b.T), cupy_timer, "CUDA events"
+        if self.torch is not None:
+            torch = self.torch
+            torch.backends.cuda.matmul.allow_tf32 = False
+            a = torch.randn(M, K, device="cuda")
+            b = torch.randn(N, K, device="cuda")
+            return "cuBLAS fp32 (torch.matmul, TF32 off)", lambda: a @ b.T, torch_timer, "CUDA events"
+        return "no cuBLAS baseline (neither CuPy nor torch with CUDA)", None, None, ""
+
+    def _gemm_bf16(self, M: int, N: int, K: int) -> tuple[str, Callable | None, Any, str]:
+        if self.simulate:
+            a, b = _host_operands(M, N, K)
+            return "NumPy matmul fp32 (CPU)", lambda: a @ b.T, host_timer, "host clock"
+        if self.torch is not None:
+            torch = self.torch
+            a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+            return "cuBLAS bf16 (torch.matmul)", lambda: a @ b.T, torch_timer, "CUDA events"
+        if self.cupy is not None:
+            cp = self.cupy
+            rng = cp.random.default_rng(12)
+            a = rng.standard_normal((M, K), dtype=cp.float32).astype(cp.float16)
+            b = rng.standard_normal((N, K), dtype=cp.float32).astype(cp.float16)
+            return "cuBLAS fp16 (cupy.matmul; no torch for bf16)", lambda: cp.matmul(a, b.T), cupy_timer, "CUDA events"
+        return "no cuBLAS baseline (neither torch nor CuPy)", None, None, ""
+
+    # ------------------------------------------------------------------ attention
+    def _attention(self, L: int, heads: int, hd: int, dtype: str) -> tuple[str, Callable | None, Any, str]:
+        if self.simulate:
+            from .. import reference as ref
+
+            rng = np.random.default_rng(13)
+            q, k, v = (rng.standard_normal((L, heads, hd)).astype(np.float32) for _ in range(3))
+            cu = np.array([0, L], dtype=np.int32)
+            return "NumPy reference attention (CPU)", lambda: ref.attention(q, k, v, cu), host_timer, "host clock"
+        if self.torch is None:
+            return "no SDPA baseline (torch with CUDA not installed)", None, None, ""
+        torch = self.torch
+        dt = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        q, k, v = (torch.randn(1, heads, L, hd, device="cuda", dtype=dt) for _ in range(3))
+        fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
+        return f"torch SDPA {dtype} (backend as torch picks)", fn, torch_timer, "CUDA events"
+
+    # ------------------------------------------------------------------ memory-bound
+    def _copy(self, nbytes: int) -> tuple[str, Callable | None, Any, str]:
+        half = max(1, nbytes // 2)  # read half + write half = nbytes moved
+        if self.simulate:
+            src = np.random.default_rng(14).integers(0, 255, half, dtype=np.uint8)
+            dst = np.empty_like(src)
+            return "NumPy copy (CPU)", lambda: np.copyto(dst, src), host_timer, "host clock"
+        if self.cupy is not None:
+            cp = self.cupy
+            src = cp.ones(half, dtype=cp.uint8)
+            dst = cp.empty_like(src)
+            return "device-to-device copy (CuPy)", lambda: cp.copyto(dst, src), cupy_timer, "CUDA events"
+        numba = _try_import("numba")
+        if numba is not None:
+            from numba import cuda
+
+            src = cuda.to_device(np.ones(half, dtype=np.uint8))
+            dst = cuda.device_array_like(src)
+            return "device-to-device copy (numba)", lambda: dst.copy_to_device(src), numba_timer, "CUDA events"
+        return "no copy baseline", None, None, ""
+
+
+def _host_operands(M: int, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(10)
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = (rng.standard_normal((N, K)) / math.sqrt(K)).astype(np.float32)
+    return a, b

@@ -1,0 +1,608 @@
+"""Section (b): every kernel version timed against its baseline, and its timed output re-checked.
+
+A `KernelCase` holds one kernel at one shape: `run()` (what is timed), `check()` (a fresh run
+from known inputs compared with a float64 NumPy computation on a sample of rows: GEMM rows and
+attention query rows are independent, so a row sample checks them exactly), the work (FLOPs or
+bytes moved, with the formula) and the baseline it is compared with (`baselines.Baselines`).
+
+`numba_cases` builds them for the numba.cuda kernels (device arrays; a GPU or the simulator),
+`cuda_cases` for the CUDA C kernels through a launcher module with the API of
+`cuda_backend.launchers` (CuPy on a GPU, `cuda_backend.emulation` on the CPU). Both yield
+`(name, build)` pairs so that nothing is allocated before the section's budget allows it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import reference as ref
+from ..config import VisionConfig
+from ..weights import bf16_bits_to_float32, float32_to_bf16_bits
+
+TOL_FP32 = 1e-4  # max|got − want| / max|want| for fp32 outputs (fp32 accumulation over K <= 4096)
+TOL_BF16_ACC = 1e-3  # bf16 operands (rounded values used by the reference too), fp32 output
+TOL_BF16_OUT = 1e-2  # bf16 outputs: rounding of the output, 2^-9 relative, plus accumulation
+SAMPLE_ROWS = 64
+
+
+@dataclass
+class KernelCase:
+    item: str
+    backend: str
+    dtype: str
+    shape: str
+    tokens: int
+    work: float
+    unit: str  # "TFLOP/s" or "GB/s"
+    formula: str
+    run: Callable[[], Any]
+    check: Callable[[], tuple[float, float]]  # (relative error, tolerance)
+    baseline: tuple[Any, ...]  # arguments of Baselines.get
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    """max|got − want| / max|want|; NaN when got holds NaN/Inf or the shapes differ."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape or not np.all(np.isfinite(got)):
+        return float("nan")
+    return float(np.max(np.abs(got - want)) / max(1e-30, float(np.max(np.abs(want)))))
+
+
+def sample_rows(n: int, count: int = SAMPLE_ROWS) -> np.ndarray:
+    """Up to `count` row indices spread over 0..n-1, the first and the last included."""
+    return np.unique(np.linspace(0, n - 1, min(n, count)).round().astype(np.int64))
+
+
+def random(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
+    """Normal noise with an offset: never uniform, never exactly centred."""
+    return (rng.standard_normal(shape) * scale + rng.uniform(-0.3, 0.3)).astype(np.float32)
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    return bf16_bits_to_float32(float32_to_bf16_bits(np.asarray(x, dtype=np.float32)))
+
+
+def gemm_shapes(c: VisionConfig, L: int) -> dict[str, tuple[int, int, int, str]]:
+    """name -> (M, N, K, epilogue) of the model's GEMMs for L tokens (projector on L/4 merged tokens)."""
+    D, Q, I, T, P = c.vt_hidden_size, c.qkv_hidden_size, c.vt_intermediate_size, c.text_hidden_size, c.patch_dim
+    Km = c.merged_hidden_size
+    M4 = max(1, L // (c.merge_kernel_size[0] * c.merge_kernel_size[1]))
+    return {
+        "patch_embed": (L, D, P, "none"),
+        "qkv": (L, 3 * Q, D, "none"),
+        "wo+residual": (L, D, Q, "residual"),
+        "fc0+gelu_tanh": (L, I, D, "gelu_tanh"),
+        "fc1+residual": (L, D, I, "residual"),
+        "proj0+gelu_erf": (M4, Km, Km, "gelu_erf"),
+        "proj2": (M4, T, Km, "none"),
+    }
+
+
+def gemm_want(a_rows: np.ndarray, b: np.ndarray, epilogue: str, r_rows: np.ndarray | None) -> np.ndarray:
+    """float64 `epilogue(a_rows · bᵀ)` (+ r_rows for the residual epilogue)."""
+    lin = a_rows.astype(np.float64) @ b.astype(np.float64).T
+    if epilogue == "gelu_tanh":
+        return ref.gelu_tanh(lin)
+    if epilogue == "gelu_erf":
+        return ref.gelu_erf(lin)
+    if epilogue == "residual":
+        return lin + r_rows
+    return lin
+
+
+def attention_want(qkv: np.ndarray, rows: np.ndarray, heads: int, hd: int) -> tuple[np.ndarray, np.ndarray]:
+    """float64 `(o [rows, Q], lse [rows, heads])` of one item spanning all of `qkv [L, 3Q]`."""
+    Q = heads * hd
+    x = qkv.astype(np.float64)
+    o = np.empty((rows.size, Q))
+    lse = np.empty((rows.size, heads))
+    for h in range(heads):
+        q = x[rows, h * hd : (h + 1) * hd]
+        k = x[:, Q + h * hd : Q + (h + 1) * hd]
+        v = x[:, 2 * Q + h * hd : 2 * Q + (h + 1) * hd]
+        s = q @ k.T / math.sqrt(hd)
+        m = s.max(axis=1, keepdims=True)
+        p = np.exp(s - m)
+        z = p.sum(axis=1, keepdims=True)
+        o[:, h * hd : (h + 1) * hd] = (p @ v) / z
+        lse[:, h] = (m + np.log(z))[:, 0]
+    return o, lse
+
+
+def rope_want(qkv: np.ndarray, grid: np.ndarray, heads: int, hd: int) -> np.ndarray:
+    """float64 qkv with the reference 2D RoPE applied to q and k (v untouched)."""
+    L = qkv.shape[0]
+    Q = heads * hd
+    out = qkv.astype(np.float64).copy()
+    ang = ref.rope_angles_packed(grid, hd, np.float32).astype(np.float64)
+    for s in (0, 1):
+        out[:, s * Q : (s + 1) * Q] = ref.apply_rope(out[:, s * Q : (s + 1) * Q].reshape(L, heads, hd), ang).reshape(
+            L, Q
+        )
+    return out
+
+
+def merge_want(x: np.ndarray, grid: np.ndarray, mks: tuple[int, int]) -> np.ndarray:
+    items = ref.tpool_patch_merger(x.astype(np.float64), grid, mks)
+    return np.concatenate([m.reshape(m.shape[0], -1) for m in items])
+
+
+Builder = Callable[[], KernelCase]
+
+
+# ============================================================================ numba.cuda kernels
+def numba_cases(
+    c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str, ...], v1_threads: int | None
+) -> Iterator[tuple[str, Builder]]:
+    """The numba kernels (fp32): GEMM v1..v3 per shape, attention v1/v2, rmsnorm, rope, pos_emb, merge."""
+    from numba import cuda
+
+    from ..numba_backend import attention as attention_k
+    from ..numba_backend import gemm as gemm_k
+    from ..numba_backend import merge as merge_k
+    from ..numba_backend import pos_emb as pos_emb_k
+    from ..numba_backend import rmsnorm as rmsnorm_k
+    from ..numba_backend import rope as rope_k
+    from ..numba_backend.launch import cu_seqlens_table, grid_table, item_table
+
+    L = int(np.sum(np.prod(grid, axis=1)))
+    D, H, hd, Q = c.vt_hidden_size, c.vt_num_attention_heads, c.head_dim, c.qkv_hidden_size
+    shapes = gemm_shapes(c, L)
+
+    for name in gemm_names:
+        M, N, K, epi = shapes[name]
+        for v in gemm_k.VERSIONS:
+
+            def build(M=M, N=N, K=K, epi=epi, v=v, name=name) -> KernelCase:
+                rng = np.random.default_rng(100 + v)
+                a, b = random(rng, (M, K)), random(rng, (N, K), 1 / math.sqrt(K))
+                r = random(rng, (M, N), 2.0) if epi == "residual" else None
+                a_d, b_d = cuda.to_device(a), cuda.to_device(b)
+                out_d = cuda.to_device(r) if r is not None else cuda.device_array((M, N), np.float32)
+                res_d = out_d if r is not None else None
+
+                def run() -> Any:
+                    return gemm_k.gemm(a_d, b_d, epilogue=epi, residual=res_d, out=out_d, version=v)
+
+                def check() -> tuple[float, float]:
+                    if r is not None:
+                        out_d.copy_to_device(r)
+                    else:
+                        out_d.copy_to_device(np.full((M, N), np.nan, np.float32))
+                    run()
+                    rows = sample_rows(M)
+                    got = out_d.copy_to_host()[rows]
+                    return rel_err(got, gemm_want(a[rows], b, epi, None if r is None else r[rows])), TOL_FP32
+
+                return KernelCase(
+                    f"gemm v{v} {name}",
+                    "numba",
+                    "float32",
+                    f"{M}x{N}x{K}",
+                    L,
+                    2.0 * M * N * K,
+                    "TFLOP/s",
+                    f"2·{M}·{N}·{K}",
+                    run,
+                    check,
+                    ("gemm_fp32", M, N, K),
+                )
+
+            yield f"numba gemm v{v} {name}", build
+
+    for v in attention_k.VERSIONS:
+
+        def build_attn(v=v) -> KernelCase:
+            rng = np.random.default_rng(200 + v)
+            qkv = random(rng, (L, 3 * Q))
+            qkv_d = cuda.to_device(qkv)
+            cu = np.array([0, L], dtype=np.int32)
+            kw = {"threads": v1_threads} if (v == 1 and v1_threads) else {}
+            result: dict[str, Any] = {}
+
+            def run() -> Any:
+                result["o"], result["lse"] = attention_k.attention(qkv_d, cu, H, version=v, **kw)
+
+            def check() -> tuple[float, float]:
+                run()
+                rows = sample_rows(L, 32)
+                want_o, want_lse = attention_want(qkv, rows, H, hd)
+                err_o = rel_err(result["o"].copy_to_host()[rows], want_o)
+                err_l = rel_err(result["lse"].copy_to_host()[rows], want_lse)
+                return max(err_o, err_l) if math.isfinite(err_o + err_l) else float("nan"), TOL_FP32
+
+            return KernelCase(
+                f"attention v{v}",
+                "numba",
+                "float32",
+                f"L={L} H={H} hd={hd}",
+                L,
+                4.0 * L * L * Q,
+                "TFLOP/s",
+                f"4·{L}²·{Q}",
+                run,
+                check,
+                ("attention", L, H, hd, "float32"),
+            )
+
+        yield f"numba attention v{v}", build_attn
+
+    def build_rmsnorm() -> KernelCase:
+        rng = np.random.default_rng(300)
+        x = random(rng, (L, D), 1.5)
+        w = (1 + 0.25 * rng.standard_normal(D)).astype(np.float32)
+        x_d, w_d = cuda.to_device(x), cuda.to_device(w)
+        out_d = cuda.device_array((L, D), np.float32)
+
+        def run() -> Any:
+            return rmsnorm_k.rmsnorm(x_d, w_d, c.vit_norm_eps, out=out_d)
+
+        def check() -> tuple[float, float]:
+            out_d.copy_to_device(np.full((L, D), np.nan, np.float32))
+            run()
+            return rel_err(out_d.copy_to_host(), ref.rmsnorm(x.astype(np.float64), w, c.vit_norm_eps)), TOL_FP32
+
+        nbytes = 4 * (2 * L * D + D)
+        return KernelCase(
+            "rmsnorm",
+            "numba",
+            "float32",
+            f"{L}x{D}",
+            L,
+            nbytes,
+            "GB/s",
+            f"4·(2·{L}·{D}+{D}) B",
+            run,
+            check,
+            ("copy", nbytes),
+        )
+
+    yield "numba rmsnorm", build_rmsnorm
+
+    g32 = grid_table(grid)
+    cu_host = cu_seqlens_table(g32)
+
+    def build_rope() -> KernelCase:
+        rng = np.random.default_rng(301)
+        qkv = random(rng, (L, 3 * Q))
+        qkv_d, g_d, cu_d = cuda.to_device(qkv), cuda.to_device(g32), cuda.to_device(cu_host)
+
+        def run() -> Any:
+            return rope_k.rope2d(qkv_d, g_d, cu_d, H, hd)
+
+        def check() -> tuple[float, float]:
+            qkv_d.copy_to_device(qkv)
+            run()
+            return rel_err(qkv_d.copy_to_host(), rope_want(qkv, grid, H, hd)), TOL_FP32
+
+        nbytes = 2 * L * 2 * Q * 4
+        return KernelCase(
+            "rope (q, k in place)",
+            "numba",
+            "float32",
+            f"{L}x{3 * Q}",
+            L,
+            nbytes,
+            "GB/s",
+            f"2·{L}·2·{Q}·4 B",
+            run,
+            check,
+            ("copy", nbytes),
+        )
+
+    yield "numba rope", build_rope
+
+    def build_pos_emb() -> KernelCase:
+        rng = np.random.default_rng(302)
+        x = random(rng, (L, D))
+        pos_w = (0.5 * rng.standard_normal((c.init_pos_emb_height, c.init_pos_emb_width, D))).astype(np.float32)
+        x_d, pw_d = cuda.to_device(x), cuda.to_device(pos_w)
+        t_d = cuda.to_device(pos_emb_k.time_table(D, c.init_pos_emb_time))
+        items_d = cuda.to_device(item_table(g32))
+
+        def run() -> Any:
+            return pos_emb_k.add_position_embedding(x_d, pw_d, t_d, items_d, mode=c.pos_emb_interpolation_mode)
+
+        def check() -> tuple[float, float]:
+            x_d.copy_to_device(x)
+            run()
+            want = x.astype(np.float64) + ref.position_embedding(grid, pos_w.astype(np.float64), c)
+            return rel_err(x_d.copy_to_host(), want), TOL_FP32
+
+        nbytes = 2 * L * D * 4
+        return KernelCase(
+            "pos_emb (x in place)",
+            "numba",
+            "float32",
+            f"{L}x{D}",
+            L,
+            nbytes,
+            "GB/s",
+            f"2·{L}·{D}·4 B",
+            run,
+            check,
+            ("copy", nbytes),
+        )
+
+    yield "numba pos_emb", build_pos_emb
+
+    def build_merge() -> KernelCase:
+        rng = np.random.default_rng(303)
+        x = random(rng, (L, D))
+        mks = c.merge_kernel_size
+        items = item_table(g32, mks)
+        kh, kw = mks
+        M = int(sum((h // kh) * (w // kw) for _, h, w in grid.tolist()))
+        x_d, items_d = cuda.to_device(x), cuda.to_device(items)
+        out_d = cuda.device_array((M, kh * kw * D), np.float32)
+
+        def run() -> Any:
+            return merge_k.merge_gather(x_d, items_d, mks, M, out=out_d)
+
+        def check() -> tuple[float, float]:
+            out_d.copy_to_device(np.full((M, kh * kw * D), np.nan, np.float32))
+            run()
+            return rel_err(out_d.copy_to_host(), merge_want(x, grid, mks)), TOL_FP32
+
+        nbytes = 2 * L * D * 4
+        return KernelCase(
+            "merge",
+            "numba",
+            "float32",
+            f"{L}x{D} -> {M}x{kh * kw * D}",
+            L,
+            nbytes,
+            "GB/s",
+            f"2·{L}·{D}·4 B",
+            run,
+            check,
+            ("copy", nbytes),
+        )
+
+    yield "numba merge", build_merge
+
+
+# ============================================================================ CUDA C kernels
+def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str, ...]) -> Iterator[tuple[str, Builder]]:
+    """The CUDA C kernels through launcher module `k`: bf16 GEMM per shape, fp32 GEMM, attention
+    bf16/fp32, rmsnorm fp32->bf16, rope bf16, pos_emb, merge fp32->bf16."""
+    xp = k.array_module()
+    L = int(np.sum(np.prod(grid, axis=1)))
+    D, H, hd, Q = c.vt_hidden_size, c.vt_num_attention_heads, c.head_dim, c.qkv_hidden_size
+    shapes = gemm_shapes(c, L)
+
+    def host(a: Any) -> np.ndarray:
+        a = a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+        return bf16_bits_to_float32(a) if a.dtype == np.uint16 else a
+
+    def up(a: np.ndarray, dtype: str) -> tuple[Any, np.ndarray]:
+        """`a` on the device in `dtype` (bf16 = uint16 bits) and the values it holds (float32 host)."""
+        if dtype == "bfloat16":
+            return xp.asarray(float32_to_bf16_bits(a)), bf16_round(a)
+        return xp.array(a, dtype=np.float32, copy=True), a  # a copy: NumPy (the emulator) would alias
+
+    def poison(shape: tuple[int, ...], dtype: str) -> Any:
+        if dtype == "bfloat16":
+            return xp.asarray(np.full(shape, 0x7FC0, np.uint16))
+        return xp.asarray(np.full(shape, np.nan, np.float32))
+
+    gemm_list = [(name, "bfloat16") for name in gemm_names] + [("qkv", "float32")]
+    for name, operands in gemm_list:
+        M, N, K, epi = shapes[name]
+        out_dtype = (
+            "float32"
+            if (operands == "float32" or epi == "residual" or name in ("patch_embed", "proj2"))
+            else ("bfloat16")
+        )
+
+        def build(M=M, N=N, K=K, epi=epi, name=name, operands=operands, out_dtype=out_dtype) -> KernelCase:
+            rng = np.random.default_rng(400)
+            a_d, a = up(random(rng, (M, K)), operands)
+            b_d, b = up(random(rng, (N, K), 1 / math.sqrt(K)), operands)
+            r = random(rng, (M, N), 2.0) if epi == "residual" else None
+            out = poison((M, N), out_dtype) if r is None else xp.array(r, copy=True)
+            res = out if r is not None else None
+
+            def run() -> Any:
+                return k.gemm(a_d, b_d, epilogue=epi, residual=res, out=out, out_dtype=out_dtype)
+
+            def check() -> tuple[float, float]:
+                out[...] = xp.asarray(r) if r is not None else poison((M, N), out_dtype)
+                run()
+                rows = sample_rows(M)
+                got = host(out)[rows]
+                want = gemm_want(a[rows], b, epi, None if r is None else r[rows])
+                tol = TOL_FP32 if operands == "float32" else (TOL_BF16_OUT if out_dtype == "bfloat16" else TOL_BF16_ACC)
+                return rel_err(got, want), tol
+
+            kind = "gemm_bf16" if operands == "bfloat16" else "gemm_fp32"
+            label = f"gemm_{'bf16' if operands == 'bfloat16' else 'fp32'} {name}"
+            dt = f"{operands}->{out_dtype}"
+            return KernelCase(
+                label,
+                "CUDA C",
+                dt,
+                f"{M}x{N}x{K}",
+                L,
+                2.0 * M * N * K,
+                "TFLOP/s",
+                f"2·{M}·{N}·{K}",
+                run,
+                check,
+                (kind, M, N, K),
+            )
+
+        yield f"cuda gemm {operands} {name}", build
+
+    bounds = np.array([0, L], dtype=np.int64)
+    for dtype in ("bfloat16", "float32"):
+
+        def build_attn(dtype=dtype) -> KernelCase:
+            rng = np.random.default_rng(500)
+            qkv_d, qkv = up(random(rng, (L, 3 * Q)), dtype)
+            result: dict[str, Any] = {}
+
+            def run() -> Any:
+                result["o"], result["lse"] = k.attention(qkv_d, bounds, H, hd)
+
+            def check() -> tuple[float, float]:
+                run()
+                rows = sample_rows(L, 32)
+                want_o, want_lse = attention_want(qkv, rows, H, hd)
+                err_o = rel_err(host(result["o"])[rows], want_o)
+                err_l = rel_err(host(result["lse"])[rows], want_lse)
+                err = max(err_o, err_l) if math.isfinite(err_o + err_l) else float("nan")
+                return err, (TOL_BF16_OUT if dtype == "bfloat16" else TOL_FP32)
+
+            return KernelCase(
+                f"attention_{dtype}",
+                "CUDA C",
+                dtype,
+                f"L={L} H={H} hd={hd}",
+                L,
+                4.0 * L * L * Q,
+                "TFLOP/s",
+                f"4·{L}²·{Q}",
+                run,
+                check,
+                ("attention", L, H, hd, dtype),
+            )
+
+        yield f"cuda attention {dtype}", build_attn
+
+    def build_rmsnorm() -> KernelCase:
+        rng = np.random.default_rng(600)
+        x_d, x = up(random(rng, (L, D), 1.5), "float32")
+        w = (1 + 0.25 * rng.standard_normal(D)).astype(np.float32)
+        w_d = xp.asarray(w)
+        out = poison((L, D), "bfloat16")
+
+        def run() -> Any:
+            return k.rmsnorm(x_d, w_d, c.vit_norm_eps, out=out, out_dtype="bfloat16")
+
+        def check() -> tuple[float, float]:
+            out[...] = poison((L, D), "bfloat16")
+            run()
+            return rel_err(host(out), ref.rmsnorm(x.astype(np.float64), w, c.vit_norm_eps)), TOL_BF16_OUT
+
+        nbytes = L * D * (4 + 2) + D * 4
+        return KernelCase(
+            "rmsnorm fp32->bf16",
+            "CUDA C",
+            "float32->bfloat16",
+            f"{L}x{D}",
+            L,
+            nbytes,
+            "GB/s",
+            f"{L}·{D}·(4+2)+{D}·4 B",
+            run,
+            check,
+            ("copy", nbytes),
+        )
+
+    yield "cuda rmsnorm", build_rmsnorm
+
+    tp = xp.asarray(k.token_positions(grid))
+
+    def build_rope() -> KernelCase:
+        rng = np.random.default_rng(601)
+        qkv0, qkv = up(random(rng, (L, 3 * Q)), "bfloat16")
+        work = qkv0.copy()
+        freqs = xp.asarray(ref.rope_frequencies(hd, dtype=np.float32))
+
+        def run() -> Any:
+            return k.rope_inplace(work, tp, freqs, H, hd)
+
+        def check() -> tuple[float, float]:
+            work[...] = qkv0
+            run()
+            return rel_err(host(work), rope_want(qkv, grid, H, hd)), TOL_BF16_OUT
+
+        nbytes = 2 * L * 2 * Q * 2 + L * 16
+        return KernelCase(
+            "rope bf16 (q, k in place)",
+            "CUDA C",
+            "bfloat16",
+            f"{L}x{3 * Q}",
+            L,
+            nbytes,
+            "GB/s",
+            f"2·{L}·2·{Q}·2+{L}·16 B",
+            run,
+            check,
+            ("copy", nbytes),
+        )
+
+    yield "cuda rope", build_rope
+
+    def build_pos_emb() -> KernelCase:
+        rng = np.random.default_rng(602)
+        x0, x = up(random(rng, (L, D)), "float32")
+        work = x0.copy()
+        pos_w = (0.5 * rng.standard_normal((c.init_pos_emb_height, c.init_pos_emb_width, D))).astype(np.float32)
+        pw_d = xp.asarray(pos_w)
+        time_tab = xp.asarray(ref.time_sincos_table(D, c.init_pos_emb_time).astype(np.float32))
+        g_d = xp.asarray(grid.astype(np.int32))
+
+        def run() -> Any:
+            return k.add_position_embedding_inplace(work, tp, g_d, pw_d, time_tab, c.pos_emb_interpolation_mode)
+
+        def check() -> tuple[float, float]:
+            work[...] = x0
+            run()
+            want = x.astype(np.float64) + ref.position_embedding(grid, pos_w.astype(np.float64), c)
+            return rel_err(host(work), want), TOL_FP32
+
+        nbytes = 2 * L * D * 4
+        return KernelCase(
+            "pos_emb (x in place)",
+            "CUDA C",
+            "float32",
+            f"{L}x{D}",
+            L,
+            nbytes,
+            "GB/s",
+            f"2·{L}·{D}·4 B",
+            run,
+            check,
+            ("copy", nbytes),
+        )
+
+    yield "cuda pos_emb", build_pos_emb
+
+    def build_merge() -> KernelCase:
+        rng = np.random.default_rng(603)
+        x_d, x = up(random(rng, (L, D)), "float32")
+        mks = c.merge_kernel_size
+        ms = xp.asarray(k.merge_sources(grid, mks))
+        result: dict[str, Any] = {}
+
+        def run() -> Any:
+            result["out"] = k.tpool_merge(x_d, ms, mks, "bfloat16")
+
+        def check() -> tuple[float, float]:
+            run()
+            return rel_err(host(result["out"]), merge_want(x, grid, mks)), TOL_BF16_OUT
+
+        nbytes = L * D * (4 + 2)
+        return KernelCase(
+            "merge fp32->bf16",
+            "CUDA C",
+            "float32->bfloat16",
+            f"{L}x{D}",
+            L,
+            nbytes,
+            "GB/s",
+            f"{L}·{D}·(4+2) B",
+            run,
+            check,
+            ("copy", nbytes),
+        )
+
+    yield "cuda merge", build_merge

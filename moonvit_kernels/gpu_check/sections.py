@@ -1,0 +1,176 @@
+"""Running sections (b) and (c) item by item inside a time budget, recording rows and verdicts."""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .baselines import Baselines
+from .kernels import Builder, KernelCase, cuda_cases, numba_cases
+from .plan import Plan
+from .report import ERROR, FAIL, PASS, SKIP, Report
+from .timing import Timer, cupy_timer, host_timer, measure, numba_timer
+
+
+class Budget:
+    """A deadline in seconds from now."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def spent(self) -> bool:
+        return self.left() <= 0
+
+
+@dataclass
+class Where:
+    """Where one backend runs: a label for the report and how to time it."""
+
+    label: str
+    timer: Timer
+    clock: str
+
+
+def numba_where(plan: Plan, gpu: str | None) -> Where:
+    if plan.simulate:
+        return Where("CUDA simulator (CPU)", host_timer, "host clock (simulator)")
+    return Where(gpu or "GPU", numba_timer, "CUDA events")
+
+
+def cuda_where(plan: Plan, gpu: str | None) -> Where:
+    if plan.simulate:
+        return Where("CUDA C emulator (CPU)", host_timer, "host clock (emulator)")
+    return Where(gpu or "GPU", cupy_timer, "CUDA events")
+
+
+def cuda_kernels_module(plan: Plan) -> Any:
+    """The launcher module for the CUDA C kernels: CuPy launchers on a GPU, the emulator under --simulate."""
+    if plan.simulate:
+        from ..cuda_backend import emulation
+
+        if emulation.compiler() is None:
+            raise ImportError("the CUDA C emulator needs a C++20 compiler (g++ >= 11): none found")
+        emulation.library()
+        return emulation
+    import cupy  # noqa: F401  (ImportError: reported as a skip)
+
+    from ..cuda_backend import launchers
+
+    launchers.require_sm80()
+    return launchers
+
+
+def _short(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+
+
+# ============================================================================ (b) kernels
+def run_kernels(plan: Plan, report: Report, budget: Budget, gpu: str | None) -> None:
+    baselines = Baselines(plan.simulate, plan.repeats, plan.warmup, plan.seconds_per_item)
+    c = plan.kernel_config
+    sources: list[tuple[str, Where, Callable[[np.ndarray], Iterator[tuple[str, Builder]]]]] = []
+    try:
+        import numba  # noqa: F401
+
+        sources.append(
+            ("numba", numba_where(plan, gpu), lambda g: numba_cases(c, g, plan.numba_gemm_shapes, plan.v1_threads))
+        )
+    except ImportError as e:
+        report.verdict("kernels", "numba kernels", SKIP, f"numba does not import ({_short(e)})")
+    try:
+        k = cuda_kernels_module(plan)
+        sources.append(("CUDA C", cuda_where(plan, gpu), lambda g: cuda_cases(k, c, g, plan.cuda_gemm_shapes)))
+    except ImportError as e:
+        report.verdict("kernels", "CUDA C kernels", SKIP, _short(e))
+    except Exception as e:  # no sm_80, broken CuPy: the kernels cannot run, which is a failure on a GPU
+        report.verdict("kernels", "CUDA C kernels", ERROR, _short(e))
+
+    for grid_tuple in plan.kernel_grids:
+        grid = np.array([grid_tuple], dtype=np.int64)
+        for backend, where, cases in sources:
+            try:
+                items = list(cases(grid))
+            except Exception as e:
+                report.verdict("kernels", f"{backend} kernels (setup)", ERROR, _short(e))
+                continue
+            for name, build in items:
+                if budget.spent():
+                    report.verdict("kernels", name, SKIP, f"section budget ({budget.seconds:.0f} s) spent")
+                    continue
+                print(f"[kernels] {name} ({where.label}) ...", flush=True)
+                _one_kernel(report, baselines, where, name, build)
+
+
+def _one_kernel(report: Report, baselines: Baselines, where: Where, name: str, build: Builder) -> None:
+    case: KernelCase | None = None
+    try:
+        case = build()
+        t = measure(case.run, where.timer, where.clock, report_repeats(baselines), baselines.warmup, baselines.seconds)
+        err, tol = case.check()
+    except Exception as e:
+        report.add_row(
+            "kernels", item=name, backend=getattr(case, "backend", ""), where=where.label, verdict=ERROR, note=_short(e)
+        )
+        report.verdict("kernels", name, ERROR, _short(e))
+        traceback.print_exc()
+        return
+    scale = 1e12 if case.unit == "TFLOP/s" else 1e9
+    rate = case.work / t.median / scale
+    values: dict[str, Any] = {}
+    try:
+        label, base = baselines.get(*case.baseline)
+        values["baseline"] = label
+        if base is not None:
+            values.update(
+                baseline_ms=base.median_ms,
+                baseline_rate=case.work / base.median / scale,
+                pct_of_baseline=100.0 * base.median / t.median,
+            )
+    except Exception as e:
+        values["baseline"] = f"baseline failed: {_short(e)}"
+    ok = math.isfinite(err) and err <= tol
+    status = PASS if ok else FAIL
+    report.add_row(
+        "kernels",
+        item=case.item,
+        backend=case.backend,
+        where=where.label,
+        dtype=case.dtype,
+        shape=case.shape,
+        tokens=case.tokens,
+        median_ms=t.median_ms,
+        p10_ms=t.p10 * 1e3,
+        p90_ms=t.p90 * 1e3,
+        runs=t.runs,
+        clock=t.clock,
+        work=case.work,
+        unit=case.unit,
+        rate=rate,
+        formula=case.formula,
+        check="max rel err vs NumPy",
+        check_err=err,
+        check_tol=tol,
+        verdict=status,
+        **values,
+    )
+    pct = f", {values['pct_of_baseline']:.1f}% of {values['baseline']}" if "pct_of_baseline" in values else ""
+    report.verdict(
+        "kernels",
+        f"{case.backend} {case.item} {case.shape}",
+        status,
+        f"rel err {err:.2e} (tol {tol:.0e}); {rate:.4g} {case.unit} ({where.label}){pct}",
+    )
+
+
+def report_repeats(b: Baselines) -> int:
+    return b.repeats

@@ -1,0 +1,113 @@
+"""Section (a): the `gpu` tier of the test suite in a subprocess, with a time limit.
+
+`python -m pytest -m gpu -v -rs -p no:cacheprovider <files>` runs from the source tree (the
+folder holding `tests/`), its whole output goes to `pytest.log`, and the outcome of every test is
+counted from the `-v` lines, so a run stopped at the time limit still gives counts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .report import ERROR, FAIL, PASS, SKIP, Report
+
+OUTCOME = re.compile(r"^\S+::\S+.*?\s(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.MULTILINE)
+SUMMARY = re.compile(r"^=+ (.*?) in [\d.]+s.* =+$", re.MULTILINE)
+
+
+def source_root() -> Path:
+    """The folder that holds the package and `tests/` (a source tree)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def count_outcomes(log: str) -> dict[str, int]:
+    """Per-test outcomes from pytest -v output: {'passed': n, 'failed': n, 'error': n, 'skipped': n, ...}."""
+    counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0, "xfail": 0, "xpass": 0}
+    names = {
+        "PASSED": "passed",
+        "FAILED": "failed",
+        "ERROR": "error",
+        "SKIPPED": "skipped",
+        "XFAIL": "xfail",
+        "XPASS": "xpass",
+    }
+    for m in OUTCOME.finditer(log):
+        counts[names[m.group(1)]] += 1
+    return counts
+
+
+def run_suite(report: Report, files: tuple[str, ...], limit_s: float, simulate: bool) -> None:
+    root = source_root()
+    log_path = report.out_dir / "pytest.log"
+    missing = [f for f in files if not (root / f).exists()]
+    if missing:
+        log_path.write_text(f"not run: {', '.join(missing)} not found under {root} (not a source tree)\n")
+        report.add_row("tests", item="pytest -m gpu", check="not run", verdict=SKIP, note=f"missing {missing}")
+        report.verdict("tests", "pytest -m gpu", SKIP, f"test files not found under {root}")
+        return
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        log_path.write_text("not run: pytest is not installed\n")
+        report.add_row("tests", item="pytest -m gpu", check="not run", verdict=SKIP, note="pytest not installed")
+        report.verdict("tests", "pytest -m gpu", SKIP, "pytest is not installed")
+        return
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-rs", "-p", "no:cacheprovider", *files]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    print(f"[tests] {' '.join(cmd)} (limit {limit_s:.0f} s, log {log_path})", flush=True)
+    t0 = time.monotonic()
+    timed_out = False
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(f"$ {' '.join(cmd)}\n(cwd {root}; time limit {limit_s:.0f} s)\n\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=max(1.0, limit_s))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)  # the pytest process group we started, nothing else
+            rc = proc.wait()
+    seconds = time.monotonic() - t0
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    if timed_out:
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"\n\ngpu_check: stopped at the time limit ({limit_s:.0f} s); later tests did not run\n")
+    counts = count_outcomes(text)
+    summary = SUMMARY.findall(text)
+    result = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "no test ran"
+    bad = counts["failed"] + counts["error"] + counts["xpass"]
+    note = summary[-1] if summary else ""
+    if timed_out:
+        note = f"stopped at the {limit_s:.0f} s limit: counts cover the tests that finished"
+    elif rc not in (0, 1, 5) and not bad:
+        bad = 1
+        note = f"pytest exited with status {rc} (collection or internal error: see pytest.log)"
+    if bad:
+        status = FAIL if counts["failed"] else ERROR
+    elif counts["passed"]:
+        status = PASS
+    else:
+        status = SKIP
+        why = (
+            "no GPU (--simulate): the gpu tier skips itself" if simulate else "no gpu test passed (see pytest.log -rs)"
+        )
+        note = f"{note}; {why}" if note else why
+    report.add_row(
+        "tests",
+        item="pytest -m gpu " + " ".join(files),
+        check=result,
+        median_ms=seconds * 1e3,
+        runs=1,
+        clock="host clock",
+        verdict=status,
+        note=note,
+    )
+    report.verdict("tests", "pytest -m gpu", status, f"{result} in {seconds:.0f} s" + (f" ({note})" if note else ""))
