@@ -64,14 +64,57 @@ def load_checkpoint_or_fail(path: str | Path) -> tuple[Any, dict[str, np.ndarray
         raise CLIError(msg if str(path) in msg else f"{path}: incompatible or unreadable checkpoint: {msg}") from None
 
 
+SIMULATOR_HINT = (
+    "add --simulator to run the numba kernels on numba's CUDA simulator (CPU, slow), or use --backend numpy"
+)
+
+
+def choose_backend(backend: str, simulator: bool) -> str:
+    """The backend to build; with `simulator`, switch numba's CUDA simulator on first.
+
+    NUMBA_ENABLE_CUDASIM is read once, when numba is first imported, so `--simulator` must act
+    before that: a CLIError says so if numba is already loaded without it."""
+    import os
+
+    from .device import simulator_enabled
+
+    if not simulator:
+        return backend
+    if backend not in ("auto", "numba"):
+        raise CLIError(f"--simulator runs the numba kernels on the CPU; it does not apply to backend {backend!r}")
+    if not simulator_enabled():
+        if "numba" in sys.modules:
+            raise CLIError("--simulator came after numba was loaded: set NUMBA_ENABLE_CUDASIM=1 in the environment")
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    return "numba"
+
+
 def make_model(config: Any, weights: dict[str, np.ndarray], backend: str) -> Any:
-    """`MoonViT` on `backend`; a backend that cannot run here becomes a CLIError."""
+    """`MoonViT` on `backend`; a backend that cannot run here becomes a CLIError
+    (numba without a GPU and without the simulator says how to use the simulator)."""
+    from .device import gpu_available, simulator_enabled
     from .model import MoonViT
 
+    if backend == "numba" and not simulator_enabled() and not gpu_available():
+        raise CLIError(
+            f"backend 'numba' needs a CUDA GPU and none was found (no working CUDA driver): {SIMULATOR_HINT}"
+        )
     try:
         return MoonViT(config, weights, backend=backend)
     except (ValueError, ImportError) as e:
-        raise CLIError(f"backend {backend!r}: {one_line(e)}") from None
+        hint = f"; {SIMULATOR_HINT}" if backend == "numba" and not simulator_enabled() else ""
+        raise CLIError(f"backend {backend!r}: {one_line(e)}{hint}") from None
+
+
+def backend_label(model: Any) -> str:
+    """`numpy reference (CPU)`, `numba (CUDA simulator, CPU)`, `cupy (NVIDIA H100 ...)`."""
+    from .device import gpu_name, simulator_enabled
+
+    if model.backend_name == "numpy":
+        return "numpy reference (CPU)"
+    if model.backend_name == "numba" and simulator_enabled():
+        return "numba (CUDA simulator, CPU)"
+    return f"{model.backend_name} ({gpu_name() or 'GPU'})"
 
 
 def preprocess_limits(args: argparse.Namespace) -> dict[str, int]:
@@ -97,27 +140,30 @@ def load_images_or_fail(paths: Sequence[str], config: Any, limits: dict[str, Any
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Load a checkpoint, run `vision_forward` on bundled (or given) inputs, print shapes and statistics."""
-    from .reference import vision_forward
-    from .weights import load_checkpoint
-
+    """Load a checkpoint, run the model (NumPy reference by default) on bundled (or given) inputs,
+    print shapes and statistics."""
+    backend = choose_backend(args.backend, args.simulator)
     ckpt = Path(args.weights)
-    config, weights = load_checkpoint(ckpt)
-    inputs = np.load(args.inputs)
-    pixel_values, grid_thws = inputs["pixel_values"], inputs["grid_thws"]
+    config, weights = load_checkpoint_or_fail(ckpt)
+    try:
+        with np.load(args.inputs) as inputs:
+            pixel_values, grid_thws = inputs["pixel_values"], inputs["grid_thws"]
+    except (OSError, KeyError, ValueError) as e:
+        raise CLIError(f"{args.inputs}: cannot read pixel_values and grid_thws ({one_line(e)})") from None
+    model = make_model(config, weights, backend)
     print(
         f"checkpoint {ckpt}: {len(weights)} vision tensors, D={config.vt_hidden_size}, "
         f"layers={config.vt_num_hidden_layers}, text_hidden={config.text_hidden_size}"
     )
     print(f"inputs: pixel_values {tuple(pixel_values.shape)}, grid_thws {grid_thws.tolist()}")
-    outputs = vision_forward(pixel_values, grid_thws, weights, config)
+    outputs = model.forward(pixel_values, grid_thws, as_numpy=True)
     for i, ((t, h, w), out) in enumerate(zip(grid_thws.tolist(), outputs, strict=True)):
         kind = "image" if t == 1 else f"video ({t} frames)"
         print(
             f"item {i} {kind} grid (t,h,w)=({t},{h},{w}) -> {tuple(out.shape)} {out.dtype}: "
             f"mean {out.mean():+.5f} std {out.std():.5f} min {out.min():+.5f} max {out.max():+.5f}"
         )
-    print("backend: numpy reference (CPU)")
+    print(f"backend: {backend_label(model)}")
     return 0
 
 
@@ -126,9 +172,10 @@ def cmd_encode(args: argparse.Namespace) -> int:
     """Preprocess each image, run the model on it, save `image_i [tokens_i, text_hidden]` per image."""
     from tqdm import tqdm
 
+    backend = choose_backend(args.backend, args.simulator)
     config, weights = load_checkpoint_or_fail(args.weights)
     items = load_images_or_fail(args.images, config, preprocess_limits(args))
-    model = make_model(config, weights, args.backend)
+    model = make_model(config, weights, backend)
     arrays: dict[str, np.ndarray] = {}
     start = time.perf_counter()
     progress = tqdm(list(zip(args.images, items, strict=True)), desc="images", unit="img", disable=args.quiet)
@@ -155,7 +202,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
             f"(+pad {plan.pad_width}x{plan.pad_height}) grid {item.grid_thws[0].tolist()} "
             f"-> {arrays[f'image_{i}'].shape}"
         )
-    print(f"backend {model.backend_name}: {len(items)} image(s) in {seconds:.2f} s; wrote {out}")
+    print(f"backend {backend_label(model)}: {len(items)} image(s) in {seconds:.2f} s; wrote {out}")
     return 0
 
 
@@ -426,7 +473,8 @@ def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    written = run_demo(Path(args.out), Path(args.image), args.backend, args.in_patch_limit)
+    backend = choose_backend(args.backend, args.simulator)
+    written = run_demo(Path(args.out), Path(args.image), backend, args.in_patch_limit)
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -435,9 +483,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="moonvit_kernels", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def simulator_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--simulator",
+            action="store_true",
+            help="run the numba kernels on numba's CUDA simulator (CPU, no GPU needed, slow; implies --backend numba)",
+        )
+
     run = sub.add_parser("run", help="encode the bundled image + video with the bundled tiny checkpoint")
     run.add_argument("--weights", default=str(TINY_DIR), help="checkpoint directory (config.json + safetensors)")
     run.add_argument("--inputs", default=str(TINY_DIR / "inputs.npz"), help=".npz with pixel_values and grid_thws")
+    run.add_argument("--backend", default="numpy", help="numpy (default, the reference), numba, cupy or auto")
+    simulator_flag(run)
     run.set_defaults(func=cmd_run)
 
     def limits(p: argparse.ArgumentParser) -> None:
@@ -450,6 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     enc.add_argument("--backend", default="auto", help="auto, numpy, numba or cupy (default auto)")
     enc.add_argument("--out", default="embeddings.npz", help="output .npz (default embeddings.npz)")
     enc.add_argument("--quiet", action="store_true", help="no progress bar")
+    simulator_flag(enc)
     limits(enc)
     enc.set_defaults(func=cmd_encode)
 
@@ -458,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--image", default=str(PHOTO), help="photograph (default: the bundled one)")
     demo.add_argument("--backend", default="auto", help="auto, numpy, numba or cupy (default auto)")
     demo.add_argument("--in-patch-limit", type=int, default=DEMO_IN_PATCH_LIMIT, help=f"default {DEMO_IN_PATCH_LIMIT}")
+    simulator_flag(demo)
     demo.set_defaults(func=cmd_demo)
 
     gold = sub.add_parser("golden", help="inputs and every intermediate stage as .npz, for porters")

@@ -1,5 +1,6 @@
 """The command line end to end on bundled data: exit codes, files written, one-line errors."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -125,6 +126,103 @@ def test_encode_names_a_missing_checkpoint_or_config(tmp_path, capsys):
 def test_encode_reports_an_unknown_backend(capsys, tmp_path):
     assert cli.main(["encode", str(PHOTO), "--backend", "tpu", "--out", str(tmp_path / "e.npz"), "--quiet"]) == 2
     assert "unknown backend 'tpu'" in error_line(capsys)
+
+
+# ============================================================================ --simulator
+def _env_without_simulator() -> dict:
+    return {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+
+
+@pytest.fixture(scope="module")
+def small_image(tmp_path_factory) -> Path:
+    """8x8 pixels: 2x2 patches of the tiny model, one merged token (the simulator is slow)."""
+    path = tmp_path_factory.mktemp("small") / "small.png"
+    Image.fromarray(np.random.default_rng(4).integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def test_numba_without_gpu_or_simulator_says_use_the_simulator(monkeypatch, capsys, tmp_path, small_image):
+    from moonvit_kernels import device
+
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
+    monkeypatch.setattr(device, "gpu_available", lambda: False)
+    assert cli.main(["encode", str(small_image), "--backend", "numba", "--out", str(tmp_path / "e.npz")]) == 2
+    line = error_line(capsys)
+    assert "backend 'numba' needs a CUDA GPU" in line and "--simulator" in line
+    assert not (tmp_path / "e.npz").exists()
+
+
+def test_numba_without_gpu_in_a_fresh_process(tmp_path, small_image):
+    from moonvit_kernels.device import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is present: the no-GPU message cannot be seen here")
+    r = subprocess.run(
+        [sys.executable, "-m", "moonvit_kernels", "encode", str(small_image), "--backend", "numba", "--quiet"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env_without_simulator(),
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "add --simulator" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_simulator_flag_switches_the_simulator_on_before_numba_loads(tmp_path):
+    script = (
+        "from moonvit_kernels import cli; b = cli.choose_backend('auto', True); "
+        "import numba; from numba import cuda; print(b, numba.config.ENABLE_CUDASIM, cuda.is_available())"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=_env_without_simulator(), timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["numba", "1", "True"]
+
+
+def test_simulator_flag_errors(monkeypatch, capsys, tmp_path, small_image):
+    out = str(tmp_path / "e.npz")
+    assert cli.main(["encode", str(small_image), "--simulator", "--backend", "cupy", "--out", out]) == 2
+    assert "does not apply to backend 'cupy'" in error_line(capsys)
+    assert cli.main(["run", "--simulator", "--backend", "numpy"]) == 2
+    assert "does not apply to backend 'numpy'" in error_line(capsys)
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
+    monkeypatch.setitem(sys.modules, "numba", sys.modules.get("numba", object()))
+    with pytest.raises(cli.CLIError, match="after numba was loaded: set NUMBA_ENABLE_CUDASIM=1"):
+        cli.choose_backend("numba", True)
+
+
+@pytest.mark.slow
+def test_encode_on_the_simulator_matches_numpy(tmp_path, small_image):
+    out = tmp_path / "sim.npz"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moonvit_kernels",
+            "encode",
+            str(small_image),
+            "--simulator",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env_without_simulator(),
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "backend numba (CUDA simulator, CPU)" in r.stdout
+    config, weights = load_checkpoint(TINY)
+    item = preprocess_images(small_image, config)
+    (want,) = vision_forward(item.pixel_values, item.grid_thws, weights, config, np.float64)
+    with np.load(out) as data:
+        got = data["image_0"]
+    assert got.shape == want.shape == (1, config.text_hidden_size)
+    assert_close(got, want, rtol=fp32_rtol(config.merged_hidden_size, 64), atol=1e-5, name="simulator encode")
 
 
 # ============================================================================ golden
