@@ -432,7 +432,7 @@ def _diagnose(case: Case, got: np.ndarray, guard: np.ndarray) -> list[str]:
         index = ", ".join(str(int(j)) for j in i)
         text = (
             f"{int(wrong.sum())} of {wrong.size} outputs are wrong: {_where(wrong, case.axes, shape2)}. "
-            f"Worst at [{index}]: got {got[i]!r}, expected {case.expected[i]:.6g} "
+            f"Worst at [{index}]: got {float(got[i]):.6g}, expected {float(case.expected[i]):.6g} "
             f"(allowed error {bound[i]:.2g})"
         )
         if np.all(got64.reshape(shape2)[wrong] == 0):
@@ -469,7 +469,8 @@ def check(name: str, kernel: Any, strict: bool = False, seed: int = 0, verbose: 
                     problems.append(
                         "two runs on the same input gave different results "
                         f"({_where(changed, case.axes, changed.shape)}): "
-                        "a race is suspected — a missing cuda.syncthreads(), or two threads writing one element"
+                        "a race is suspected — a missing cuda.syncthreads(), two threads writing one element, or a read of "
+                        "memory nothing wrote (shared memory starts as garbage)"
                     )
     except IndexError as e:
         problems.append(f"an index is out of bounds ({e}). Check the bounds test and the index arithmetic.")
