@@ -469,8 +469,8 @@ def check(name: str, kernel: Any, strict: bool = False, seed: int = 0, verbose: 
                     problems.append(
                         "two runs on the same input gave different results "
                         f"({_where(changed, case.axes, changed.shape)}): "
-                        "a race is suspected — a missing cuda.syncthreads(), two threads writing one element, or a read of "
-                        "memory nothing wrote (shared memory starts as garbage)"
+                        "a race is suspected — a missing cuda.syncthreads(), two threads writing one element, "
+                        "or a read of memory nothing wrote (shared memory starts as garbage)"
                     )
     except IndexError as e:
         problems.append(f"an index is out of bounds ({e}). Check the bounds test and the index arithmetic.")
