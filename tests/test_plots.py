@@ -49,6 +49,27 @@ def test_rope_frequency_maps_figure_holds_one_map_per_slot():
     assert np.ptp(maps[1], axis=1).max() == 0 and np.ptp(maps[1], axis=0).min() > 0
 
 
+def test_rope_frequency_maps_k3_angles_on_a_log_scale_show_structure_in_every_panel():
+    slots = list(range(0, 64, 4))  # 16 of K3's 64 slots, i from 0 to 30
+    fig = plots.rope_frequency_maps(64, 64, 128, "angle", slots=slots)
+    shown = [ax for ax in fig.axes if ax.get_visible() and ax.get_images()]
+    assert len(shown) == 16
+    for ax in shown:
+        (im,) = ax.get_images()
+        data = np.ma.compressed(im.get_array())
+        lo, hi = im.norm(data.min()), im.norm(data.max())
+        assert hi - lo > 0.05  # a visible gradient on the shared colour scale, even at i = 30
+    assert any(ax.get_label() == "<colorbar>" for ax in fig.axes)
+    with pytest.raises(ValueError, match="slots"):
+        plots.rope_frequency_maps(4, 4, 16, slots=[8])
+
+
+def test_rope_angle_range_is_the_largest_angle_per_frequency():
+    r = plots.rope_angle_range(3, 64, 128)
+    np.testing.assert_allclose(r, 63 * rope_frequencies(128, dtype=np.float64))
+    assert r[0] == 63 and r[-1] < 0.01  # the slowest K3 frequency barely turns across an 896-pixel image
+
+
 @pytest.mark.parametrize("axis", ["width", "height"])
 def test_rope_scores_depend_on_offset_only(axis):
     starts = [(0, 0), (4, 9), (13, 2)]

@@ -23,26 +23,60 @@ def rope_angle_maps(h: int, w: int, head_dim: int, quantity: str = "cos") -> np.
     return {"angle": maps, "cos": np.cos(maps), "sin": np.sin(maps)}[quantity]
 
 
-def rope_frequency_maps(h: int, w: int, head_dim: int, quantity: str = "cos", max_columns: int = 8) -> Figure:
-    """One heat map per complex slot `j < hd/2` over the h × w grid: width slots (even j) vary
-    along columns, height slots (odd j) along rows; low i turns fast, high i barely turns."""
+def rope_frequency_maps(
+    h: int,
+    w: int,
+    head_dim: int,
+    quantity: str = "cos",
+    max_columns: int = 8,
+    slots: Sequence[int] | None = None,
+) -> Figure:
+    """One heat map per complex slot (all `hd/2`, or the given `slots`) over the h × w grid, with one
+    shared colour bar: width slots (even j) vary along columns, height slots (odd j) along rows; low i
+    turns fast, high i barely turns.
+
+    `quantity` "cos" / "sin" share the scale −1 … 1. "angle" (radians) uses a shared logarithmic scale,
+    so a slot turning 10⁻⁴ rad per patch and one turning 1 rad per patch both show their gradient and
+    the bar reads off how far apart they are; angle 0 (row or column 0) is drawn in the "bad" colour.
+    """
+    from matplotlib.colors import LogNorm, Normalize
+
     maps = rope_angle_maps(h, w, head_dim, quantity)
-    n = maps.shape[0]
+    chosen = list(range(maps.shape[0])) if slots is None else [int(j) for j in slots]
+    if not chosen or min(chosen) < 0 or max(chosen) >= maps.shape[0]:
+        raise ValueError(f"slots must be indices in 0..{maps.shape[0] - 1}, got {chosen}")
+    n = len(chosen)
     cols = min(max_columns, n)
     rows = -(-n // cols)
-    fig = Figure(figsize=(1.9 * cols, 1.9 * rows * h / max(w, 1) + 0.6), layout="constrained")
+    fig = Figure(figsize=(1.9 * cols + 1.0, 1.9 * rows * h / max(w, 1) + 0.8), layout="constrained")
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
-    vmin, vmax = (-1.0, 1.0) if quantity != "angle" else (0.0, float(maps.max()) or 1.0)
-    for j, ax in enumerate(axes):
+    if quantity == "angle":
+        positive = maps[chosen][maps[chosen] > 0]
+        lo, hi = (float(positive.min()), float(positive.max())) if positive.size else (1e-6, 1.0)
+        norm, cmap, label = LogNorm(lo, max(hi, lo * 10)), "viridis", "angle (rad), log scale"
+    else:
+        norm, cmap, label = Normalize(-1.0, 1.0), "RdBu", f"{quantity}(angle)"
+    image = None
+    for k, ax in enumerate(axes):
         ax.set_xticks([])
         ax.set_yticks([])
-        if j >= n:
+        if k >= n:
             ax.set_visible(False)
             continue
-        ax.imshow(maps[j], cmap="twilight" if quantity == "angle" else "RdBu", vmin=vmin, vmax=vmax)
+        j = chosen[k]
+        data = np.ma.masked_less_equal(maps[j], 0) if quantity == "angle" else maps[j]
+        image = ax.imshow(data, cmap=cmap, norm=norm)
         ax.set_title(f"slot {j}: {'w' if j % 2 == 0 else 'h'}, i={j // 2}", fontsize=7)
-    fig.suptitle(f"2D RoPE {quantity}(angle) on a {h}×{w} patch grid, head_dim {head_dim}", fontsize=9)
+    fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label=label)
+    shown = "angle" if quantity == "angle" else f"{quantity}(angle)"
+    fig.suptitle(f"2D RoPE {shown} on a {h}×{w} patch grid, head_dim {head_dim}", fontsize=9)
     return fig
+
+
+def rope_angle_range(h: int, w: int, head_dim: int) -> np.ndarray:
+    """`[hd/4]` float64: the largest angle (radians) frequency `i` reaches on an h × w grid,
+    `(max(h, w) − 1)·f_i` — below about π/2 its cos barely changes over the whole image."""
+    return (max(h, w) - 1) * reference.rope_frequencies(head_dim, dtype=np.float64)
 
 
 def rope_offset_scores(
