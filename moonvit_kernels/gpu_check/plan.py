@@ -16,6 +16,7 @@ import numpy as np
 from ..config import VisionConfig
 
 SECTION_NAMES = ("tests", "kernels", "tower")
+BACKENDS = ("numba", "cuda")
 SECTION_ALIASES = {"a": "tests", "b": "kernels", "c": "tower"}
 
 
@@ -40,6 +41,7 @@ class Plan:
     budgets: dict[str, float]  # seconds per section
     total_budget: float
     test_files: tuple[str, ...] = ("tests/test_numba_gpu.py", "tests/test_cupy_gpu.py")
+    backends: tuple[str, ...] = BACKENDS  # which kernel families sections (b) and (c) run
 
     def tokens(self, grid: tuple[tuple[int, int, int], ...]) -> int:
         return int(sum(t * h * w for t, h, w in grid))
@@ -63,13 +65,13 @@ def make_plan(simulate: bool, quick: bool, budget_s: float | None = None) -> Pla
             numba_gemm_shapes=("wo+residual",),
             cuda_gemm_shapes=ALL_GEMMS,
             v1_threads=32,
-            tower_config=VisionConfig.tiny(),
+            tower_config=VisionConfig.tiny().replace(vt_num_hidden_layers=1),  # the simulator takes ~10 s a layer
             tower_cases=(
                 ("image 2x4 patches (stands in for 448²)", ((1, 2, 4),)),
                 ("image 4x4 patches (stands in for 896²)", ((1, 4, 4),)),
                 ("packed 3 images of 2x2 patches (stands in for 8 x 448²)", ((1, 2, 2),) * 3),
             ),
-            tower_check_layers=2,
+            tower_check_layers=1,
             tower_repeats=1,
             tower_warmup=0,
             numba_tower_cases=1,
@@ -149,6 +151,26 @@ def parse_sections(text: str) -> tuple[str, ...]:
             raise ValueError(f"unknown section {part.strip()!r}; choose from a/tests, b/kernels, c/tower")
         chosen.add(name)
     return tuple(n for n in SECTION_NAMES if n in chosen)
+
+
+def parse_backends(text: str) -> tuple[str, ...]:
+    """`"numba,cuda"` -> the kernel families to run; ValueError names an unknown one."""
+    chosen = {part.strip().lower() for part in text.split(",") if part.strip()}
+    unknown = chosen - set(BACKENDS)
+    if unknown or not chosen:
+        raise ValueError(f"unknown backend {', '.join(sorted(unknown)) or '(none)'}; choose from numba, cuda")
+    return tuple(b for b in BACKENDS if b in chosen)
+
+
+def grids_for_tokens(tokens: list[int]) -> tuple[tuple[int, int, int], ...]:
+    """Square single-image grids for token counts (L = side², side even so that the 2x2 merge applies)."""
+    grids = []
+    for L in tokens:
+        side = int(round(L**0.5))
+        if side * side != L or side % 2:
+            raise ValueError(f"--tokens {L} is not the square of an even side (e.g. 1024 = 32², 4096 = 64²)")
+        grids.append((1, side, side))
+    return tuple(grids)
 
 
 def grid_array(grid: tuple[tuple[int, int, int], ...]) -> np.ndarray:

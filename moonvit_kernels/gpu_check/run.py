@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -10,7 +11,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .plan import SECTION_NAMES, make_plan, parse_sections
+from .plan import SECTION_NAMES, grids_for_tokens, make_plan, parse_backends, parse_sections
 from .report import ERROR, Report
 
 NO_GPU = (
@@ -33,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated subset of a/tests, b/kernels, c/tower (default: all)",
     )
     p.add_argument("--budget-s", type=float, default=None, help="cap on the whole run in seconds (sections share it)")
+    p.add_argument("--backends", default="numba,cuda", help="kernel families for sections b and c: numba, cuda")
+    p.add_argument("--tokens", type=int, nargs="+", help="kernel sizes for section b: square images of L patches")
+    p.add_argument("--repeats", type=int, help="timed calls per kernel (default: the mode's)")
     return p
 
 
@@ -41,6 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sections = parse_sections(args.sections)
         plan = make_plan(args.simulate, args.quick, args.budget_s)
+        changes: dict = {"backends": parse_backends(args.backends)}
+        if args.tokens:
+            changes["kernel_grids"] = grids_for_tokens(args.tokens)
+        if args.repeats is not None:
+            if args.repeats < 1:
+                raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+            changes["repeats"] = args.repeats
+        plan = dataclasses.replace(plan, **changes)
     except ValueError as e:
         print(f"gpu_check: {e}", file=sys.stderr)
         return 2

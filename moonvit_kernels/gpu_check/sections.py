@@ -70,6 +70,10 @@ def cuda_kernels_module(plan: Plan) -> Any:
     return launchers
 
 
+class _NotAsked(Exception):
+    """A backend left out with --backends."""
+
+
 def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
 
@@ -80,16 +84,24 @@ def run_kernels(plan: Plan, report: Report, budget: Budget, gpu: str | None) -> 
     c = plan.kernel_config
     sources: list[tuple[str, Where, Callable[[np.ndarray], Iterator[tuple[str, Builder]]]]] = []
     try:
+        if "numba" not in plan.backends:
+            raise _NotAsked
         import numba  # noqa: F401
 
         sources.append(
             ("numba", numba_where(plan, gpu), lambda g: numba_cases(c, g, plan.numba_gemm_shapes, plan.v1_threads))
         )
+    except _NotAsked:
+        pass
     except ImportError as e:
         report.verdict("kernels", "numba kernels", SKIP, f"numba does not import ({_short(e)})")
     try:
+        if "cuda" not in plan.backends:
+            raise _NotAsked
         k = cuda_kernels_module(plan)
         sources.append(("CUDA C", cuda_where(plan, gpu), lambda g: cuda_cases(k, c, g, plan.cuda_gemm_shapes)))
+    except _NotAsked:
+        pass
     except ImportError as e:
         report.verdict("kernels", "CUDA C kernels", SKIP, _short(e))
     except Exception as e:  # no sm_80, broken CuPy: the kernels cannot run, which is a failure on a GPU
@@ -115,7 +127,7 @@ def _one_kernel(report: Report, baselines: Baselines, where: Where, name: str, b
     case: KernelCase | None = None
     try:
         case = build()
-        t = measure(case.run, where.timer, where.clock, report_repeats(baselines), baselines.warmup, baselines.seconds)
+        t = measure(case.run, where.timer, where.clock, baselines.repeats, baselines.warmup, baselines.seconds)
         err, tol = case.check()
     except Exception as e:
         report.add_row(
@@ -170,7 +182,3 @@ def _one_kernel(report: Report, baselines: Baselines, where: Where, name: str, b
         status,
         f"rel err {err:.2e} (tol {tol:.0e}); {rate:.4g} {case.unit} ({where.label}){pct}",
     )
-
-
-def report_repeats(b: Baselines) -> int:
-    return b.repeats

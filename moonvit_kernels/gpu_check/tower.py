@@ -26,7 +26,7 @@ from ..compare import compare_stages, to_numpy, tolerance_for
 from ..config import VisionConfig
 from .plan import Plan
 from .report import ERROR, FAIL, PASS, SKIP, Report
-from .sections import Budget, _short, cuda_kernels_module
+from .sections import Budget, _NotAsked, _short, cuda_kernels_module
 
 BF16_FULL_DEPTH_TOL = 0.1  # bf16 vs fp32 after every layer: a loose bound for a gross error, not a precision claim
 
@@ -349,6 +349,8 @@ def _backends(plan: Plan, gpu: str | None, report: Report) -> dict[str, tuple[Ca
 
     out: dict[str, tuple[Callable, str, str, str]] = {}
     try:
+        if "numba" not in plan.backends:
+            raise _NotAsked
         import numba  # noqa: F401
 
         where = "CUDA simulator (CPU)" if plan.simulate else (gpu or "GPU")
@@ -358,8 +360,12 @@ def _backends(plan: Plan, gpu: str | None, report: Report) -> dict[str, tuple[Ca
             where,
             "float32",
         )
+    except _NotAsked:
+        pass
     except ImportError as e:
         report.verdict("tower", "numba backend", SKIP, f"numba does not import ({_short(e)})")
+    if "cuda" not in plan.backends:
+        return out
     try:
         k = cuda_kernels_module(plan)
     except ImportError as e:
