@@ -24,6 +24,7 @@ from cuda_kernel_checks import (
 
 from moonvit_kernels import reference as ref
 from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.cuda_backend import sources as kcuda
 from moonvit_kernels.cuda_backend.backend import CupyBackend
 from moonvit_kernels.cuda_backend.launchers import cu_seqlens_int32, merge_sources, token_positions
 from moonvit_kernels.cuda_backend.sources import EPILOGUES
@@ -234,6 +235,41 @@ def test_launchers_reject_bad_inputs(k):
         k.rope_inplace(qkv, cp.zeros((9, 4), cp.int32), cp.zeros(6, cp.float32), 2, 24)
     with pytest.raises(ValueError, match="weight"):
         k.rmsnorm(cp.zeros((3, 8), cp.float32), cp.zeros(7, cp.float32), 1e-6)
+    # an offset view: refused on the host (on the GPU the paired store would end the CUDA context)
+    b = cp.zeros((6, 16), cp.uint16)
+    buf = cp.zeros(8 * 6 + 1, cp.float32)
+    with pytest.raises(ValueError, match="gemm: out .* not 8-byte aligned"):
+        k.gemm(a, b, out=buf[1:].reshape(8, 6))
+    k.gemm(a, b, out=buf[:48].reshape(8, 6))
+    cp.cuda.runtime.deviceSynchronize()  # the context is still alive
+
+
+@gpu
+def test_shared_memory_table_matches_this_gpu(k):
+    import cupy as cp
+
+    dev = cp.cuda.runtime.getDevice()
+    arch = f"sm_{k._compute_capability(dev)}"
+    if arch not in kcuda.OPTIN_SMEM_PER_BLOCK:
+        pytest.skip(f"{arch} is not in sources.OPTIN_SMEM_PER_BLOCK")
+    assert k._optin_smem(dev) == kcuda.OPTIN_SMEM_PER_BLOCK[arch]
+    bf16_max, fp32_max = kcuda.SUPPORTED_HEAD_DIMS[arch]
+    k.check_attention_supported(bf16_max, "bfloat16")
+    k.check_attention_supported(fp32_max, "float32")
+
+
+@gpu
+def test_every_gpu_of_the_machine(k):
+    """Modules, kernels and attributes are per device: the same launches work on each GPU in turn."""
+    import cupy as cp
+
+    count = cp.cuda.runtime.getDeviceCount()
+    if count < 2:
+        pytest.skip("one GPU: the per-device caches need two to be exercised")
+    for dev in [0, 1, 0]:
+        with cp.cuda.Device(dev):
+            check_gemm(k, 37, 150, 72, "bfloat16", "float32", "residual")
+            check_attention(k, "bfloat16", 128, 1, [65, 3])
 
 
 # ============================================================================ the whole backend

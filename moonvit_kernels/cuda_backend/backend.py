@@ -52,6 +52,7 @@ class CupyBackend:
             from . import launchers as kernels
 
             kernels.require_sm80()
+            kernels.check_attention_supported(config.head_dim, dtype)  # this GPU's shared memory
         self.k = kernels
         self.xp = kernels.array_module()
         self.config = config

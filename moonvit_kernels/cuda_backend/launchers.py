@@ -1,8 +1,11 @@
 """Python launchers for the CUDA C kernels in `moonvit_kernels/cuda_backend`, through CuPy.
 
-Every launcher checks what CuPy does not (dtype, C-contiguity, shapes, alignment) and raises a
-ValueError naming the problem, then casts every scalar argument explicitly (np.int32 / np.float32:
-CuPy passes a Python int as 64 bits, which a kernel's `int` parameter would misread).
+Every launcher checks what CuPy does not (dtype, C-contiguity, shapes, the current device, the
+alignment of every pointer a kernel reads or writes in vectors or pairs, the device's shared
+memory) and raises a ValueError naming the array or limit, then casts every scalar argument
+explicitly (np.int32 / np.float32: CuPy passes a Python int as 64 bits, which a kernel's `int`
+parameter would misread). A misaligned vector access on the GPU is a sticky error that ends the
+CUDA context of the whole process, so those checks happen on the host, before the launch.
 
 bfloat16 arrays: CuPy has no bfloat16 dtype, so bf16 tensors are `cupy.uint16` arrays holding the
 bf16 bit patterns (`to_bf16` / `from_bf16` convert). A dtype "name" below is "float32" or
@@ -11,7 +14,11 @@ tables (`token_positions`, `merge_sources`, `cu_seqlens_int32`) need only NumPy.
 
 Modules are compiled by NVRTC on first use (`cupy.RawModule`, template kernels through
 `name_expressions`) with the same source text and options as the compile check
-(`moonvit_kernels.cuda_backend.nvrtc_check`), and cached by CuPy on disk.
+(`moonvit_kernels.cuda_backend.nvrtc_check`; CuPy appends `-ftz=true`, already in
+`sources.compile_options`), with the CUDA headers of CuPy's own NVRTC major, and cached by CuPy on
+disk. Everything cached per process (compute capability, shared-memory limit, modules, kernels
+with their raised dynamic-shared-memory attribute) is keyed by the current device id, so each GPU
+of a multi-GPU machine gets its own.
 """
 
 from __future__ import annotations
@@ -117,15 +124,38 @@ def _storage_dtype(name: str) -> Any:
 
 
 # ============================================================================ checks
+def device_pointer(a: Any) -> int:
+    """The device address of array `a`: CuPy's `a.data.ptr`, else `__cuda_array_interface__["data"][0]`."""
+    data = getattr(a, "data", None)
+    if data is not None and hasattr(data, "ptr"):
+        return int(data.ptr)
+    return int(a.__cuda_array_interface__["data"][0])
+
+
+def check_aligned(what: str, ptr: int, alignment: int, why: str) -> None:
+    """ValueError naming `what` unless device address `ptr` is a multiple of `alignment` bytes (`why`: the
+    accesses that need it). Pure host arithmetic: nothing reaches the GPU, whose misaligned-address
+    fault would end the process's CUDA context."""
+    if ptr % alignment:
+        raise ValueError(
+            f"{what} starts at device address {ptr:#x}, which is not {alignment}-byte aligned as {why} need "
+            f"(offset {ptr % alignment} B); pass a fresh array or a view starting at a multiple of {alignment} bytes"
+        )
+
+
 def _device_array(a: Any, what: str, ndim: int, dtypes: tuple[str, ...] | None = None) -> str:
-    """Check a CuPy array's kind, rank, dtype (names) and C-contiguity; return its dtype name."""
+    """Check a CuPy array's kind, device, rank, dtype (names), C-contiguity and element alignment;
+    return its dtype name."""
     cp = _cupy()
     if not isinstance(a, cp.ndarray):
         raise ValueError(f"{what} must be a CuPy array on the GPU, got {type(a).__name__}")
+    if a.device.id != _device_id():
+        raise ValueError(f"{what} lives on device {a.device.id} but the current device is {_device_id()}")
     if a.ndim != ndim:
         raise ValueError(f"{what} must be {ndim}-D, got shape {a.shape}")
     if not a.flags.c_contiguous:
         raise ValueError(f"{what} must be C-contiguous (got strides {a.strides}); use cupy.ascontiguousarray")
+    check_aligned(what, device_pointer(a), a.dtype.itemsize, "element accesses")
     if dtypes is None:
         return ""
     try:
@@ -141,43 +171,94 @@ def _int_array(a: Any, what: str, shape: tuple[int | None, ...]) -> None:
     cp = _cupy()
     if not isinstance(a, cp.ndarray) or a.dtype != cp.int32 or not a.flags.c_contiguous:
         raise ValueError(f"{what} must be a C-contiguous int32 CuPy array")
+    if a.device.id != _device_id():
+        raise ValueError(f"{what} lives on device {a.device.id} but the current device is {_device_id()}")
+    check_aligned(what, device_pointer(a), 4, "int32 loads")
     if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape, strict=True)):
         raise ValueError(f"{what} has shape {a.shape}, expected {tuple('*' if s is None else s for s in shape)}")
 
 
 def _aligned(*arrays: Any, to: int = 16) -> bool:
-    return all(a.data.ptr % to == 0 for a in arrays)
+    return all(device_pointer(a) % to == 0 for a in arrays)
+
+
+def _vector_bytes(dtype: str, n: int) -> int:
+    """Bytes of an `n`-element vector access in `dtype` (its alignment requirement)."""
+    return n * (4 if dtype == FLOAT32 else 2)
+
+
+# ============================================================================ the current device
+def _device_id() -> int:
+    """The current CUDA device (cudaGetDevice): every per-process cache below is keyed by it."""
+    return int(_cupy().cuda.runtime.getDevice())
 
 
 @functools.cache
-def _compute_capability() -> int:
-    cp = _cupy()
-    return int(cp.cuda.Device().compute_capability)
+def _compute_capability(device_id: int) -> int:
+    """Compute capability of device `device_id` as an int (90 for sm_90)."""
+    return int(_cupy().cuda.Device(device_id).compute_capability)
+
+
+# cudaDevAttrMaxSharedMemoryPerBlockOptin in the CUDA runtime's cudaDeviceAttr enum
+_ATTR_SMEM_OPTIN = 97
+
+
+@functools.cache
+def _optin_smem(device_id: int) -> int:
+    """Shared memory one block may use on device `device_id` after opting in, bytes (read from the device)."""
+    rt = _cupy().cuda.runtime
+    attr = getattr(rt, "cudaDevAttrMaxSharedMemoryPerBlockOptin", _ATTR_SMEM_OPTIN)
+    return int(rt.deviceGetAttribute(attr, device_id))
+
+
+@functools.cache
+def _nvrtc_major() -> int | None:
+    """Major version of the NVRTC CuPy compiles with (its headers must match), None when CuPy cannot say."""
+    try:
+        return int(_cupy().cuda.nvrtc.getVersion()[0])
+    except Exception:  # an old CuPy without the query: let the header search take any version
+        return None
 
 
 def require_sm80() -> None:
     """RuntimeError unless the current GPU is sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async)."""
-    cc = _compute_capability()
+    dev = _device_id()
+    cc = _compute_capability(dev)
     if cc < 80:
-        raise RuntimeError(f"the CUDA C kernels need compute capability >= 8.0 (Ampere, Hopper), this GPU is {cc}")
+        raise RuntimeError(
+            f"the CUDA C kernels need compute capability >= 8.0 (Ampere, Hopper), device {dev} is sm_{cc}"
+        )
+
+
+def check_attention_supported(head_dim: int, dtype: str) -> None:
+    """ValueError unless attention at `head_dim` in `dtype` fits the current device's opt-in shared
+    memory per block (read from the device; `sources.SUPPORTED_HEAD_DIMS` lists it per architecture)."""
+    _storage_dtype(dtype)
+    dev = _device_id()
+    where = f"device {dev} (sm_{_compute_capability(dev)})"
+    kcuda.check_attention_fits(head_dim, dtype, _optin_smem(dev), where)
 
 
 # ============================================================================ modules
 @functools.cache
-def _module(source: str, names: tuple[str, ...]) -> Any:
+def _module(device_id: int, source: str, names: tuple[str, ...]) -> Any:
+    """The RawModule of `source` for device `device_id` (called while it is current)."""
     cp = _cupy()
     require_sm80()
-    return cp.RawModule(code=kcuda.load_source(source), options=kcuda.compile_options(), name_expressions=names)
+    options = kcuda.compile_options(_nvrtc_major())
+    return cp.RawModule(code=kcuda.load_source(source), options=options, name_expressions=names)
 
 
 @functools.cache
-def _kernel(source: str, name: str, head_dim: int = 128) -> tuple[Any, kcuda.KernelSpec]:
-    """The compiled kernel `name` from `source` and its catalogue entry (looked up once)."""
+def _kernel(device_id: int, source: str, name: str, head_dim: int = 128) -> tuple[Any, kcuda.KernelSpec]:
+    """The compiled kernel `name` from `source` on device `device_id` (the current one) and its catalogue
+    entry, looked up once per device; kernels needing more than 48 KB of dynamic shared memory get
+    the attribute raised on that device."""
     specs = [s for s in kcuda.kernel_specs((head_dim,)) if s.source == source]
     spec = next((s for s in specs if s.name == name), None)
     if spec is None:
         raise ValueError(f"{name} is not an instantiation of {source} in the kernel catalogue")
-    kernel = _module(source, tuple(s.name for s in specs)).get_function(name)
+    kernel = _module(device_id, source, tuple(s.name for s in specs)).get_function(name)
     if spec.dynamic_smem > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = spec.dynamic_smem
     return kernel, spec
@@ -232,16 +313,24 @@ def gemm(
             raise ValueError(f"gemm: residual must be [{M}, {N}] {out_dtype}, got {residual.shape} {r_dt}")
     elif residual is not None:
         raise ValueError(f"gemm: residual given but epilogue is {epilogue!r}")
+    if a_dt == BFLOAT16 and N % 2 == 0:  # the epilogue stores (and reads residual) in pairs of columns
+        pair = _vector_bytes(out_dtype, 2)
+        why = "the bf16 GEMM's paired stores (float2 / bf16x2, N even)"
+        if out is not None:
+            check_aligned("gemm: out", device_pointer(out), pair, why)
+        if residual is not None:
+            check_aligned("gemm: residual", device_pointer(residual), pair, why)
     if out is None:
         out = cp.empty((M, N), dtype=_storage_dtype(out_dtype))
     r = residual if residual is not None else out  # unread unless the epilogue is "residual"
 
-    if a_dt == BFLOAT16:
-        kernel, spec = _kernel("gemm_bf16.cu", kcuda.gemm_bf16_name(out_dtype, epilogue))
+    dev = _device_id()
+    if a_dt == BFLOAT16:  # a and b: 16-byte cp.async chunks when aligned, else the scalar path
+        kernel, spec = _kernel(dev, "gemm_bf16.cu", kcuda.gemm_bf16_name(out_dtype, epilogue))
         vec = K % 8 == 0 and _aligned(a, b)
         grid = (_grid(-(-N // 128), "gemm N tiles", 2**31 - 1), _grid(-(-M // 128), "gemm M tiles"))
-    else:
-        kernel, spec = _kernel("gemm_fp32.cu", kcuda.gemm_fp32_name(epilogue))
+    else:  # a and b: float4 loads when aligned, else scalar; C stored element by element
+        kernel, spec = _kernel(dev, "gemm_fp32.cu", kcuda.gemm_fp32_name(epilogue))
         vec = K % 4 == 0 and _aligned(a, b)
         grid = (_grid(-(-N // 64), "gemm N tiles", 2**31 - 1), _grid(-(-M // 64), "gemm M tiles"))
     kernel(grid, (spec.threads,), (a, b, out, r, np.int32(M), np.int32(N), np.int32(K), np.int32(vec)))
@@ -272,10 +361,13 @@ def rmsnorm(
             raise ValueError(f"rmsnorm: out has shape {out.shape}, expected {x.shape}")
     else:
         out = cp.empty((rows, D), dtype=_storage_dtype(out_dtype))
-    if D % 4 == 0 and not _aligned(x, weight, out):  # the kernel's 4-wide loads
-        raise ValueError("rmsnorm: x, weight and out must be 16-byte aligned (use a fresh array, not an offset view)")
+    if D % 4 == 0:  # the kernel reads and writes rows four elements per access
+        why = "the kernel's 4-wide accesses (D % 4 == 0)"
+        check_aligned("rmsnorm: x", device_pointer(x), _vector_bytes(in_dt, 4), why)
+        check_aligned("rmsnorm: weight", device_pointer(weight), _vector_bytes(FLOAT32, 4), why)
+        check_aligned("rmsnorm: out", device_pointer(out), _vector_bytes(out_dtype, 4), why)
     rstd = cp.empty((rows,), dtype=cp.float32)
-    kernel, spec = _kernel("rmsnorm.cu", kcuda.rmsnorm_name(in_dt, out_dtype))
+    kernel, spec = _kernel(_device_id(), "rmsnorm.cu", kcuda.rmsnorm_name(in_dt, out_dtype))
     kernel(
         (_grid(rows, "rmsnorm rows", 2**31 - 1),), (spec.threads,), (x, weight, out, rstd, np.int32(D), np.float32(eps))
     )
@@ -298,10 +390,9 @@ def rope_inplace(qkv: Any, token_pos: Any, freqs: Any, num_heads: int, head_dim:
     _device_array(freqs, "rope: freqs", 1, (FLOAT32,))
     if freqs.shape != (head_dim // 4,):
         raise ValueError(f"rope: freqs has shape {freqs.shape}, expected ({head_dim // 4},)")
-    if not _aligned(qkv, to=16 if dt == FLOAT32 else 8):
-        raise ValueError("rope: qkv must be 16-byte aligned (use a fresh array, not an offset view)")
+    check_aligned("rope: qkv", device_pointer(qkv), _vector_bytes(dt, 4), "the kernel's 4-wide loads and stores")
     total = L * 2 * num_heads * (head_dim // 4)
-    kernel, spec = _kernel("rope.cu", kcuda.rope_name(dt))
+    kernel, spec = _kernel(_device_id(), "rope.cu", kcuda.rope_name(dt))
     blocks = _grid(-(-total // spec.threads), "rope blocks", 2**31 - 1)
     kernel(
         (blocks,),
@@ -324,7 +415,7 @@ def attention(
     natural-log log-sum-exp of the scaled scores."""
     cp = _cupy()
     dt = _device_array(qkv, "attention: qkv", 2, DTYPE_NAMES)
-    kcuda.check_head_dim(head_dim)
+    check_attention_supported(head_dim, dt)
     if num_heads < 1:
         raise ValueError(f"attention: num_heads={num_heads} must be >= 1")
     L, width = qkv.shape
@@ -336,13 +427,13 @@ def attention(
         raise ValueError(f"attention: cu_seqlens must be a 1-D integer NumPy array [N + 1], got {cu.shape} {cu.dtype}")
     if cu[0] != 0 or cu[-1] != L or np.any(np.diff(cu) < 1):
         raise ValueError(f"attention: cu_seqlens must rise strictly from 0 to L={L}, got {cu.tolist()[:8]}...")
-    if dt == BFLOAT16 and not _aligned(qkv):
-        raise ValueError("attention: qkv must be 16-byte aligned (use a fresh array, not an offset view)")
+    if dt == BFLOAT16:
+        check_aligned("attention: qkv", device_pointer(qkv), 16, "the bf16 kernel's 16-byte cp.async loads")
     n_items = cu.size - 1
     max_len = int(np.max(np.diff(cu)))
     out = cp.empty((L, Q), dtype=_storage_dtype(dt))
     lse = cp.empty((L, num_heads), dtype=cp.float32)
-    kernel, spec = _kernel("attention.cu", kcuda.attention_name(head_dim, dt), head_dim)
+    kernel, spec = _kernel(_device_id(), "attention.cu", kcuda.attention_name(head_dim, dt), head_dim)
     rows_per_block = 64 if dt == BFLOAT16 else 16  # BQ of AttnBf16Cfg / AttnFp32Cfg
     grid = (
         _grid(-(-max_len // rows_per_block), "attention query tiles", 2**31 - 1),
@@ -384,7 +475,7 @@ def add_position_embedding_inplace(
     _int_array(grid_thws, "pos_emb: grid_thws", (None, 3))
     if mode not in ("bilinear", "bicubic"):
         raise ValueError(f"pos_emb: mode must be 'bilinear' or 'bicubic', got {mode!r}")
-    kernel, spec = _kernel("pos_emb.cu", kcuda.pos_emb_name(mode))
+    kernel, spec = _kernel(_device_id(), "pos_emb.cu", kcuda.pos_emb_name(mode))
     kernel(
         (_grid(L, "pos_emb tokens", 2**31 - 1),),
         (spec.threads,),
@@ -405,7 +496,7 @@ def tpool_merge(x: Any, merge_src: Any, merge_kernel_size: tuple[int, int], out_
     if M < 1 or kh < 1 or kw < 1:
         raise ValueError(f"merge: nothing to merge (M={M}, merge_kernel_size={(kh, kw)})")
     out = cp.empty((M, kh * kw * D), dtype=_storage_dtype(out_dtype))
-    kernel, spec = _kernel("merge.cu", kcuda.merge_name(in_dt, out_dtype))
+    kernel, spec = _kernel(_device_id(), "merge.cu", kcuda.merge_name(in_dt, out_dtype))
     kernel(
         (_grid(M, "merge tokens", 2**31 - 1),),
         (spec.threads,),
