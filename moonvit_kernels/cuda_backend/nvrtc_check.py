@@ -5,7 +5,8 @@
 
 Each `.cu` file in `moonvit_kernels/cuda_backend` is compiled to a cubin by NVRTC from the pip
 wheels (`cuda-bindings` + `nvidia-cuda-nvrtc`, headers from `nvidia-cuda-runtime`) with the same
-source text, options and template instantiations the CuPy launchers use, plus:
+source text, options (`sources.compile_options`: C++17, `-ftz=true` as CuPy compiles, headers of
+the NVRTC's CUDA major) and template instantiations the CuPy launchers use, plus:
 `-Werror=all-warnings` (front-end warnings fail the build) and `-Xptxas=-v,--warn-on-spills`
 (ptxas reports registers, spills and shared memory per kernel). The report is a table
 kernel | arch | registers | spills | stack | shared memory, and a kernel fails when it did not

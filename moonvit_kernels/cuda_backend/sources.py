@@ -6,9 +6,12 @@ options and the same template instantiations:
 
 - `load_source(name)` returns a `.cu` file with its local `#include "x.cuh"` headers inlined (CuPy
   caches compiled kernels by source text, so a header edit must change the text it sees);
-- `compile_options()` the NVRTC options (C++17, the CUDA include directory for `cuda_bf16.h`);
+- `compile_options()` the NVRTC options (C++17, `-ftz=true` as CuPy adds it, the include directory for
+  `cuda_bf16.h` of the CUDA major the NVRTC in use belongs to);
 - `kernel_specs(head_dims)` every kernel instantiation with its block size, dynamic shared memory
-  and the register bound the compile check asserts.
+  and the register bound the compile check asserts;
+- `OPTIN_SMEM_PER_BLOCK` / `SUPPORTED_HEAD_DIMS`: the shared memory a block may use per architecture
+  and the attention head dims that fit it.
 
 Every file needs sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async); the GPU tier targets sm_90.
 
