@@ -403,9 +403,10 @@ def _diagnose(case: Case, got: np.ndarray, guard: np.ndarray) -> list[str]:
         )
     unwritten = (got == fill).reshape(shape2)
     if unwritten.all():
+        shown = fill if case.out_dtype == np.int32 else format(fill, ".3g")
         problems.append(
-            "the kernel never wrote the output: every element still holds the fill value "
-            f"{fill:.3g}. Is the gap still empty, or does a bounds test skip every thread?"
+            f"the kernel never wrote the output: every element still holds the fill value {shown}. "
+            "Is the gap still empty, or does a bounds test skip every thread?"
         )
         return problems
     if unwritten.any():
