@@ -392,6 +392,16 @@ def test_plot_timings_labels_where_it_ran():
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["v1", "v2"]
 
 
+def test_plot_timings_goes_logarithmic_when_times_span_decades_and_wraps_long_titles():
+    fig = plots.plot_timings({"numpy": 0.001, "numba v1": 2.0}, where="NVIDIA H200", title="x" * 30 + " " + "y" * 60)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    assert ax.get_xlim()[0] < 1.0  # the 1 ms bar is inside the axis
+    assert "\n" in ax.get_title() and "NVIDIA H200" in ax.get_title().replace("\n", " ")
+    assert plots.plot_timings({"a": 0.002, "b": 0.003}, where="CPU").axes[0].get_xscale() == "linear"
+    assert plots.plot_timings({"a": 0.002, "b": 0.003}, where="CPU", log=True).axes[0].get_xscale() == "log"
+
+
 def test_markdown_table():
     text = plots.markdown_table(["name", "count", "err", "ok"], [["a|b", 1234567, 1.23456e-7, True]])
     assert text.splitlines() == [

@@ -31,20 +31,38 @@ def median_seconds(
     return {"median": float(np.median(times)), "min": min(times), "max": max(times)}
 
 
-def plot_timings(seconds: Mapping[str, float], where: str, unit: str = "ms", title: str = "") -> Figure:
-    """Horizontal bars of measured times (`{label: seconds}`), labelled with where they ran."""
+def plot_timings(
+    seconds: Mapping[str, float], where: str, unit: str = "ms", title: str = "", log: bool | None = None
+) -> Figure:
+    """Horizontal bars of measured times (`{label: seconds}`), labelled with where they ran.
+
+    `log` puts the time axis on a log scale; by default it does when the times span more than a
+    factor of 20 (so a 1 ms bar stays visible next to a 1 s one). The title is wrapped to the
+    figure's width instead of being clipped.
+    """
+    import textwrap
+
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     labels = list(seconds)
     values = np.array([seconds[k] for k in labels], dtype=np.float64) * scale
-    fig = Figure(figsize=(7, 0.45 * len(labels) + 1.4), layout="constrained")
+    positive = values[values > 0]
+    if log is None:
+        log = positive.size > 1 and positive.max() / positive.min() > 20
+    fig = Figure(figsize=(7.5, 0.45 * len(labels) + 1.6), layout="constrained")
     ax = fig.subplots()
     ax.barh(labels, values, color="C0")
     for i, v in enumerate(values):
         ax.text(v, i, f" {v:.3g} {unit}", va="center", fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel(f"time ({unit})")
-    ax.set_xlim(0, values.max() * 1.25 if len(values) and values.max() > 0 else 1)
-    ax.set_title(f"{title} — measured on {where}" if title else f"measured on {where}")
+    if log and positive.size:
+        ax.set_xscale("log")
+        ax.set_xlim(positive.min() / 2, positive.max() * 8)
+        ax.set_xlabel(f"time ({unit}, log scale)")
+    else:
+        ax.set_xlim(0, values.max() * 1.25 if len(values) and values.max() > 0 else 1)
+        ax.set_xlabel(f"time ({unit})")
+    text = f"{title} — measured on {where}" if title else f"measured on {where}"
+    ax.set_title("\n".join(textwrap.wrap(text, 70)), fontsize=10)
     return fig
 
 
