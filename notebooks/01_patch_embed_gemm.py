@@ -138,7 +138,7 @@ ref64 = reference.patch_embed(pixel_values.astype(np.float64), W.astype(np.float
 print(inspect.getsource(reference.patch_embed))
 
 # %% [markdown]
-# ## The kernels: `moonvit_kernels/kernels/gemm.py`
+# ## The kernels: `moonvit_kernels/numba_backend/gemm.py`
 #
 # The module keeps every version (as in llm.c's `dev/cuda/` and siboehm's SGEMM walk); each changes
 # one thing. All compute `C[M, N] = A[M, K] · B[N, K]ᵀ` in float32 and bounds-check M, N, K, so no size
@@ -150,11 +150,65 @@ print(inspect.getsource(reference.patch_embed))
 # | v2 | a 16×16 block stages 16-wide slabs of A and B in **shared memory** | each global load is reused 16 times; `+1` column of padding avoids bank conflicts |
 # | v3 | **register blocking**: a block owns 64×64 outputs, each thread 4×4 | per k-step a thread loads 4 + 4 values and does 16 FMAs: more math per load |
 #
-# Here is v1 in full — read it next to the formula above; then open the module for v2 and v3:
+# Every rung is printed below, each after the idea it adds. First v1 — read it next to the formula above:
 
 # %%
 print(gemm_module.__doc__.split("Epilogues")[0])
 print(inspect.getsource(gemm_module._make_gemm_v1))
+
+# %% [markdown]
+# ### Coalescing: which addresses does one warp touch?
+#
+# A warp is 32 threads that issue each load together; the memory system serves it in 32-byte *sectors*,
+# so a load is cheap when the warp's 32 addresses fall in few sectors. In v1, `threadIdx.x` runs along
+# `n`, so at a fixed `k` the warp reads `A[m, k]` (one address, broadcast: fine), and `B[n, k]` for 32
+# consecutive `n` — addresses `K·4` bytes apart, **one sector per thread**. Reading a 4-byte float
+# costs a 32-byte sector: 8× the traffic the maths needs. v2 stages its tiles with `threadIdx.x` along
+# `k` (`a_tile[ty, tx] = A[m, k0 + tx]`): 16 consecutive floats, 64 contiguous bytes, two sectors per
+# half-warp. Counted for the K3 patch embedding (`K = 588`):
+
+
+# %%
+def sectors_per_warp_load(byte_addresses):
+    """32-byte sectors one warp's load touches (what the memory system actually moves)."""
+    return len({int(a) // 32 for a in byte_addresses})
+
+
+K3_K = 3 * 14 * 14
+lanes = np.arange(32)
+v1_b = sectors_per_warp_load((lanes * K3_K + 0) * 4)  # B[n0 + lane, k]: stride K
+v1_a = sectors_per_warp_load(np.zeros(32) * 4)  # A[m, k]: every lane the same address
+v2_tile = sectors_per_warp_load(((lanes // 16) * K3_K + lanes % 16) * 4)  # 2 rows × 16 consecutive k
+rows = [
+    ["v1, B[n, k] (x along n)", v1_b, f"{32 * 4 / (v1_b * 32):.0%}"],
+    ["v1, A[m, k] (broadcast)", v1_a, "one value for all lanes"],
+    ["v2 tile load (x along k)", v2_tile, f"{32 * 4 / (v2_tile * 32):.0%}"],
+]
+display(Markdown(markdown_table(["warp load", "32-byte sectors", "useful bytes / moved"], rows)))
+assert v1_b == 32 and v2_tile <= 6  # 2 rows of 64 bytes: 2 sectors each, 3 when a row straddles
+
+# %% [markdown]
+# ### v2: shared-memory tiles
+#
+# A 16×16 block stages a 16-wide slab of A and of B in shared memory (the coalesced loads counted above),
+# waits at `cuda.syncthreads()`, and every thread then reads 16 pairs from shared memory: each global
+# value is used 16 times. B's tile is read "transposed" (`b_tile[tx, kk]`): the `+1` column of padding
+# makes the 16 threads of a half-warp hit 16 different banks instead of one. Out-of-range elements are
+# staged as zeros, so no size must be a tile multiple (you write these loads yourself in exercise B).
+
+# %%
+print(inspect.getsource(gemm_module._make_gemm_v2))
+
+# %% [markdown]
+# ### v3: register blocking
+#
+# v2 does one FMA per shared-memory read. v3 gives each thread a 4×4 patch of outputs held in registers:
+# per k step it reads 4 values of A and 4 of B from shared memory and does 16 FMAs. The block owns 64×64
+# outputs with 256 threads and stages 16-deep slabs stored k-major (`a_tile[kk, i]`), so the 4 values a
+# thread needs at one `kk` sit side by side.
+
+# %%
+print(inspect.getsource(gemm_module._make_gemm_v3))
 
 # %% [markdown]
 # The launcher `gemm(a, b, epilogue="none", residual=None, out=None, version=3)` checks every argument
@@ -176,7 +230,7 @@ except ValueError as e:
 #
 # Two cases: the patch embedding itself, and a random product of awkward sizes (no dimension a multiple
 # of any tile) where edge handling is tested. The tolerance for an fp32 dot product of length K is a
-# small multiple of `eps·√K` relative to the size of the terms (GUIDE.md): the bound below is
+# small multiple of `eps·√K` relative to the size of the terms: the bound below is
 # `8·eps·√K · (|A|·|B|ᵀ)`, elementwise. NaN or Inf fails.
 
 # %%
@@ -235,32 +289,125 @@ print(f"and the two GELUs differ by up to {tanh_vs_erf:.1e} on these values: swa
 # %% [markdown]
 # ## Pictures: where does the error land?
 #
-# The error of v3 against the float64 reference, per output. It is rounding noise spread over the whole
-# matrix — an indexing bug (a wrong tile edge, a swapped operand) would show up as stripes or blocks.
-
-# %%
-error_heatmap(results["patch embed", 3], ref64, title=f"gemm v3, [{M}, {K}] · [{N}, {K}]ᵀ")
-
-# %% [markdown]
-# And what a real bug looks like: a kernel that drops the last partial K-tile (a classic when K is not a
-# multiple of the tile) — simulated with NumPy on the awkward case by ignoring the last `K mod 16`
-# columns. Every output is wrong, by an amount that depends on its row and column: a test on sizes that
-# are tile multiples would never see it.
+# The error of v3 against the float64 reference, per output, divided by the bound the check uses
+# (`8·eps·√K·|A|·|B|ᵀ`) and drawn on a **fixed** logarithmic scale from 10⁻³ to 10³: blue is within the
+# bound, red beyond it. A correct kernel is blue everywhere — rounding noise with no pattern.
 
 # %%
 a, b, want = cases["awkward random"]
-k_full = (k2 // 16) * 16
-buggy = a[:, :k_full].astype(np.float64) @ b[:, :k_full].astype(np.float64).T
-print(f"K = {k2}: the last {k2 - k_full} columns dropped")
-error_heatmap(buggy, want, title="dropping the last partial K tile")
+bound2 = 8 * FP32_EPS * np.sqrt(k2) * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T)
+error_heatmap(results["awkward random", 3], want, bound=bound2, title=f"gemm v3, [{m2}, {k2}] · [{n2}, {k2}]ᵀ")
+
+# %% [markdown]
+# And what a real bug looks like, on the same scale: a launch whose grid is sized with floor division,
+# `grid = (N // 16, M // 16)` instead of `ceil` — the classic when sizes are not tile multiples. The last
+# partial tile of rows and of columns is never computed, so those outputs keep whatever the buffer held
+# (zeros here). Simulated in NumPy on the awkward case: the bug draws an L-shaped band along the bottom and
+# right edges, and a test on sizes that are tile multiples would never see it.
+
+# %%
+floor_rows, floor_cols = (m2 // 16) * 16, (n2 // 16) * 16
+buggy = want.copy()
+buggy[floor_rows:, :] = 0.0
+buggy[:, floor_cols:] = 0.0
+print(f"M = {m2}, N = {n2}: rows {floor_rows}… and columns {floor_cols}… are never computed")
+error_heatmap(buggy, want, bound=bound2, title="grid sized N // 16, M // 16 (floor instead of ceil)")
+
+# %% [markdown]
+# ## The top rungs: the CUDA C GEMMs
+#
+# The CuPy backend (`moonvit_kernels/cuda_backend/`) carries two more GEMMs, written in CUDA C. On a GPU
+# they run through CuPy; on a laptop the **CPU emulator** (`cuda_backend.emulation`) compiles the same
+# `.cu` text with g++ against stand-ins for the CUDA built-ins and PTX instructions (every CUDA thread a
+# `std::thread`), so every index, fragment layout and pipeline wait below runs and is checked here.
+#
+# **fp32 SIMT (`gemm_fp32.cu`)** is numba v3 in C: a 64×64 block tile, 4×4 outputs per thread, 16-deep
+# slabs stored K-major — plus two things numba cannot express: `float4` loads (four floats in one
+# 16-byte instruction when `K % 4 == 0`) and a padded shared row (`LDS = BM + 4`) so the transposed
+# stores of the tile loader spread over the banks. Its ceiling is the fp32 CUDA-core peak (≈ 67 TFLOP/s on
+# an H200, datasheet).
+
+# %%
+from moonvit_kernels.cuda_backend.sources import load_source
+
+fp32_src = load_source("gemm_fp32.cu")
+print(fp32_src[fp32_src.index("namespace gemm_fp32_cfg") :])
+
+# %% [markdown]
+# **bf16 tensor cores (`gemm_bf16.cu`)** is the top rung, the one that can approach the bf16 peak:
+#
+# - **`mma.sync.m16n8k16`**: one warp multiplies a 16×16 bf16 tile of A by a 16×8 tile of B into a 16×8
+#   fp32 accumulator in one instruction. The operands live in *fragments* spread over the 32 lanes — lane
+#   `l` holds rows `l/4` and `l/4 + 8`, columns `2·(l%4)` and `+1` of the accumulator (the store loop at
+#   the end reads exactly that). A warp owns 64×32 outputs = 4×4 such tiles; 8 warps make the 128×128
+#   block tile.
+# - **`ldmatrix.x4`** loads four 8×8 bf16 matrices from shared memory straight into those fragments: each
+#   lane supplies the address of one 16-byte row.
+# - **`cp.async`** copies 16-byte chunks global → shared without passing through registers, and
+#   **double buffering** (`As[2]`, `Bs[2]`) lets tile `k+1` be in flight while tile `k` is multiplied:
+#   `cp_async_wait<1>` waits for all but the newest group.
+# - **padding**: shared rows of 40 bf16 (80 bytes) instead of 32, so the 8 row addresses one `ldmatrix`
+#   phase reads fall in 8 different 16-byte bank groups — no bank conflicts.
+#
+# The PTX wrappers (`ptx.cuh`) and the kernel:
+
+# %%
+from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
+
+print((KERNEL_DIR / "ptx.cuh").read_text(encoding="utf-8"))
+bf16_src = load_source("gemm_bf16.cu")
+print(bf16_src[bf16_src.index("namespace gemm_bf16_cfg") :])
+
+# %% [markdown]
+# Both, run on the CPU emulator at a tiny awkward size (`37 × 21`, `K = 40`: one block, partial tiles
+# everywhere) and checked against NumPy. The bf16 kernel is compared with a float64 product of the
+# **bf16-rounded** inputs, so the bound only covers fp32 accumulation; next to it, how far bf16 rounding
+# of the inputs alone moves the result from the fp32 product — the price of the tensor cores.
+
+# %%
+from moonvit_kernels.cuda_backend import emulation
+from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
+
+m_e, n_e, k_e = 37, 21, 40
+a_e = rng.standard_normal((m_e, k_e)).astype(np.float32)
+b_e = rng.standard_normal((n_e, k_e)).astype(np.float32)
+exact = a_e.astype(np.float64) @ b_e.astype(np.float64).T
+bound_e = 8 * FP32_EPS * np.sqrt(k_e) * (np.abs(a_e.astype(np.float64)) @ np.abs(b_e.astype(np.float64)).T)
+if emulation.compiler() is None:
+    print("no C++ compiler (g++ >= 11) here: the CUDA C emulator cannot run")
+else:
+    got_fp32 = emulation.gemm(a_e, b_e)
+    a_bits, b_bits = float32_to_bf16_bits(a_e), float32_to_bf16_bits(b_e)
+    a_r, b_r = (bf16_bits_to_float32(x).astype(np.float64) for x in (a_bits, b_bits))
+    got_bf16 = emulation.gemm(a_bits, b_bits)  # bf16 in, fp32 out
+    exact_bf16 = a_r @ b_r.T
+    bound_bf16 = 8 * FP32_EPS * np.sqrt(k_e) * (np.abs(a_r) @ np.abs(b_r).T)
+    assert np.all(np.abs(got_fp32 - exact) <= bound_e), "gemm_fp32.cu beyond the fp32 bound"
+    assert np.all(np.abs(got_bf16 - exact_bf16) <= bound_bf16), "gemm_bf16.cu beyond the bound"
+    rows = [
+        ["gemm_fp32.cu (SIMT)", np.abs(got_fp32 - exact).max(), (np.abs(got_fp32 - exact) / bound_e).max()],
+        [
+            "gemm_bf16.cu vs bf16 inputs",
+            np.abs(got_bf16 - exact_bf16).max(),
+            (np.abs(got_bf16 - exact_bf16) / bound_bf16).max(),
+        ],
+        [
+            "bf16 rounding of the inputs alone",
+            np.abs(exact_bf16 - exact).max(),
+            (np.abs(exact_bf16 - exact) / bound_e).max(),
+        ],
+    ]
+    print(f"CPU emulator of the CUDA C kernels: [{m_e}, {k_e}] · [{n_e}, {k_e}]ᵀ")
+    display(Markdown(markdown_table(["kernel", "max abs error", "error / fp32 bound"], rows)))
 
 # %% [markdown]
 # ## FLOPs and time
 #
-# A GEMM does `2·M·N·K` FLOPs. On the simulator the times measure Python threads, not a GPU — they are
-# printed (labelled with where they ran) only to show the machinery; no GPU number exists there. On a
-# GPU each kernel is timed after a warm-up, and compared with cuBLAS (through CuPy) when CuPy is
-# installed.
+# A GEMM does `2·M·N·K` FLOPs. On a GPU each kernel is timed after a warm-up, and compared with cuBLAS
+# (through CuPy) when CuPy is installed; the taught kernels are fp32 on the CUDA cores, so their ceiling
+# is the fp32 SIMT peak (≈ 67 TFLOP/s on an H200, datasheet), not the bf16 tensor-core one (≈ 989). On the
+# simulator the times measure Python threads — not performance: they are printed, labelled, only to show
+# the machinery, and no chart is drawn.
 
 # %%
 flops = 2 * M * N * K
@@ -285,15 +432,22 @@ if on_gpu:
         cublas_note = "% of cuBLAS = cuBLAS time / kernel time"
     except ImportError:
         cublas_note = "CuPy is not installed: no cuBLAS number (pip install -e '.[cuda13]')"
-rows = []
-for name, sec in seconds.items():
-    share = f"{seconds['cuBLAS (cupy.matmul)'] / sec:.0%}" if "cuBLAS (cupy.matmul)" in seconds else "—"
-    rows.append([name, sec * 1e3, flops / sec / 1e12, share])
 print(f"{where()}: M = {M}, N = {N}, K = {K}, 2·M·N·K = {flops:,} FLOP; {cublas_note}")
-display(Markdown(markdown_table(["kernel", "ms", "TFLOP/s", "% of cuBLAS"], rows)))
+if on_gpu:
+    rows = []
+    for name, sec in seconds.items():
+        share = f"{seconds['cuBLAS (cupy.matmul)'] / sec:.0%}" if "cuBLAS (cupy.matmul)" in seconds else "—"
+        rows.append([name, sec * 1e3, flops / sec / 1e12, share])
+    display(Markdown(markdown_table(["kernel", "ms", "TFLOP/s", "% of cuBLAS"], rows)))
+else:
+    times = ", ".join(f"{name} {sec:.1f} s" for name, sec in seconds.items())
+    print(f"{where()} — Python threads, not GPU performance (no FLOP/s is computed from these): {times}")
 
 # %%
-plot_timings(seconds, where(), title=f"GEMM [{M}, {K}] · [{N}, {K}]ᵀ")
+if on_gpu:
+    display(plot_timings(seconds, where(), title=f"GEMM [{M}, {K}] · [{N}, {K}]ᵀ"))
+else:
+    print(f"{where()}: no chart — simulator times measure Python threads, not GPU performance")
 
 # %% [markdown]
 # ## Exercises

@@ -53,6 +53,7 @@ from moonvit_kernels.plots import (
     error_heatmap,
     markdown_table,
     plot_rope_pairing,
+    rope_angle_range,
     rope_frequency_maps,
     rope_offset_invariance,
     rope_pairs,
@@ -118,7 +119,7 @@ print(inspect.getsource(reference.apply_rope))
 print(inspect.getsource(reference.rope_angles_packed))
 
 # %% [markdown]
-# ## The kernel: `moonvit_kernels/kernels/rope.py`
+# ## The kernel: `moonvit_kernels/numba_backend/rope.py`
 #
 # It rotates q and k **in place** inside the packed `qkv [L, 3·Q]` buffer that the `wqkv` GEMM wrote
 # (column `s·Q + head·hd + d`, s = q, k, v), so no copy of q and k is made. One block per token: the
@@ -170,14 +171,121 @@ assert np.array_equal(out[start : start + vh * vw], out[start + vh * vw : start 
 print("frame 0 and frame 1 rotated identically")
 
 # %% [markdown]
-# ## Pictures: RoPE frequency maps
+# ## The CUDA C kernel: `cuda_backend/rope.cu`
 #
-# For each complex slot, `cos(angle)` over the patch grid (`plots.rope_frequency_maps`): width slots vary
-# along columns only, height slots along rows only; low `i` turn fast (fine position), high `i` barely
-# turn (coarse position). Here `hd = 32` on a 12×16 grid (16 slots):
+# The CuPy backend's version changes two things: the frequencies `f_i` come precomputed (`freqs [hd/4]`,
+# fp32, so no `pow` per thread), and each thread loads its 4 dims as one 16-byte `float4` and computes
+# both angles with `sincosf`. Token positions come from a `token_pos [L, 4]` table (item, frame, row,
+# col) instead of a search through `cu_seqlens`. Run on the CPU emulator against the same reference:
 
 # %%
-rope_frequency_maps(12, 16, 32)
+from moonvit_kernels.cuda_backend import emulation
+from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
+
+print((KERNEL_DIR / "rope.cu").read_text(encoding="utf-8"))
+if emulation.compiler() is None:
+    print("no C++ compiler (g++ >= 11) here: the CUDA C emulator cannot run")
+else:
+    qkv_c = qkv.copy()
+    emulation.rope_inplace(qkv_c, emulation.token_positions(grid_thws), reference.rope_frequencies(hd), heads, hd)
+    err_c = np.abs(qkv_c - want)
+    assert np.all(np.isfinite(qkv_c)) and err_c.max() <= tol, (err_c.max(), tol)
+    print(f"CPU emulator of rope.cu: q, k max error {err_c.max():.2e} (bound {tol:.1e})")
+
+# %% [markdown]
+# ## Table or recompute? cos/sin of the angles
+#
+# Both kernels recompute `cos` and `sin` for every (token, q/k, head, frequency): the angle depends only on
+# the token's row or column and on `i`, so the same values are computed `2·H = 24` times per token in K3.
+# The alternative is a table `cos/sin[position, i]` for positions `0 … 511` (RoPE's grid limit), computed
+# once (even in float64) and read by every head. Cost and accuracy, for K3 (`hd = 128`, 12 heads) at the
+# largest grid, 512 patches wide:
+
+# %%
+H3, hd3, side = 12, 128, 512
+f32 = reference.rope_frequencies(hd3)  # the fp32 frequencies of the source
+pos = np.arange(side, dtype=np.float32)
+angle32 = pos[:, None] * f32[None, :]  # fp32 product, as the kernels form it
+exact = np.arange(side, dtype=np.float64)[:, None] * f32.astype(np.float64)[None, :]
+recompute_err = np.abs(np.cos(angle32).astype(np.float32) - np.cos(exact)).max()
+table = np.cos(exact).astype(np.float32)  # float64 table rounded once to fp32
+table_err = np.abs(table - np.cos(exact)).max()
+tokens = side * side
+sincos_recompute = tokens * 2 * H3 * (hd3 // 4) * 2  # per (token, q/k, head, i): a width and a height sincos
+sincos_table = side * (hd3 // 4)  # one table of (cos, sin) for positions 0..511, shared by rows and columns
+table_bytes = side * (hd3 // 4) * 2 * 4
+rows = [
+    ["recompute (fp32 angle, fp32 sincos)", f"{sincos_recompute:,} sincos", f"{recompute_err:.1e}", "none"],
+    [
+        "table (float64, rounded to fp32)",
+        f"{sincos_table:,} sincos, once",
+        f"{table_err:.1e}",
+        f"{table_bytes / 1024:.0f} KiB",
+    ],
+]
+display(Markdown(markdown_table(["approach", f"work for a {side}×{side} grid", "max cos error", "memory"], rows)))
+print(
+    f"the fp32 angle position·f_i carries a relative error ~eps, i.e. up to {side - 1}·eps ≈ "
+    f"{(side - 1) * FP32_EPS:.0e} rad at i = 0: that, not sincos, limits the recomputed cos"
+)
+
+# %% [markdown]
+# ## Pictures: RoPE frequency maps
+#
+# The real thing: K3's `hd = 128` (32 frequencies, 64 complex slots) on the 64×64 patch grid of an 896×896
+# image. How far does each frequency turn across the image? `(63)·f_i` radians:
+
+# %%
+K3_HD, SIDE = 128, 64
+reach = rope_angle_range(SIDE, SIDE, K3_HD)
+print("largest angle per frequency i (rad):", np.array2string(reach, precision=3, max_line_width=110))
+fast = int(np.sum(reach > np.pi))
+print(
+    f"{fast} of {K3_HD // 4} frequencies turn more than half a circle across the image; the slowest turns {reach[-1]:.4f} rad"
+)
+
+# %% [markdown]
+# So a `cos(angle)` picture of all 64 slots would be flat for most of them: the slow frequencies encode
+# *coarse* position, a tiny but smooth angle. Drawn as the angle itself on one shared **logarithmic**
+# colour scale, every slot shows its gradient (width slots along columns, height slots along rows), and
+# the colour bar reads off how many decades apart the frequencies are — 16 slots, `i = 0, 4, …, 28`, each
+# with its width and its height slot:
+
+# %%
+slots = [2 * i + s for i in range(0, K3_HD // 4, 4) for s in (0, 1)]
+rope_frequency_maps(SIDE, SIDE, K3_HD, "angle", slots=slots)
+
+# %% [markdown]
+# And `cos(angle)` — what the rotation actually multiplies by — for the fast width slots `i = 0 … 7`, which
+# wrap around several times: fine position.
+
+# %%
+rope_frequency_maps(SIDE, SIDE, K3_HD, "cos", slots=[2 * i for i in range(8)])
+
+# %% [markdown]
+# **Explore it yourself** (needs `ipywidgets`, `pip install ipywidgets`): sliders for the grid side, the
+# frequency index `i` and the slot (width or height). Without ipywidgets the cell says so and does nothing.
+
+# %%
+try:
+    import ipywidgets as widgets
+except ImportError:
+    widgets = None
+    print("ipywidgets is not installed: `pip install ipywidgets` for the interactive explorer")
+if widgets is not None:
+
+    def explore(side=64, i=0, axis="width"):
+        """One slot of K3's RoPE on a side × side grid: angle (log scale) and cos."""
+        slot = 2 * i + (0 if axis == "width" else 1)
+        display(rope_frequency_maps(side, side, K3_HD, "angle", slots=[slot]))
+        display(rope_frequency_maps(side, side, K3_HD, "cos", slots=[slot]))
+
+    widgets.interact(
+        explore,
+        side=widgets.IntSlider(value=64, min=2, max=512, step=2, description="grid side"),
+        i=widgets.IntSlider(value=0, min=0, max=K3_HD // 4 - 1, description="frequency i"),
+        axis=widgets.ToggleButtons(options=["width", "height"], description="slot"),
+    )
 
 # %% [markdown]
 # ## Pictures: why rotate — q·k depends only on the offset
