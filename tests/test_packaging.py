@@ -28,6 +28,9 @@ IMPORT_TO_DIST = {
     "cupy": {"cupy-cuda12x", "cupy-cuda13x"},
     "cupyx": {"cupy-cuda12x", "cupy-cuda13x"},
     "torch": {"torch"},
+    "ray": {"ray"},
+    "pyarrow": {"pyarrow"},
+    "ipywidgets": {"ipywidgets"},  # the notebooks' optional explorers
     "pytest": {"pytest"},
     "nbformat": {"nbformat"},
     "nbclient": {"nbclient"},
