@@ -53,6 +53,7 @@ def simulated(tmp_path_factory):
 
 
 # ============================================================================ the full simulated run
+@pytest.mark.slow  # one full simulated run shared by three tests: ~45 s of CPU, more on a busy machine
 @needs_emulator
 def test_simulate_passes_and_writes_the_report_layout(simulated):
     status, out = simulated
@@ -75,6 +76,7 @@ def test_simulate_passes_and_writes_the_report_layout(simulated):
     assert "(no measurement)" not in text
 
 
+@pytest.mark.slow
 @needs_emulator
 def test_simulate_csv_has_every_kernel_version_with_units_formulas_and_checks(simulated):
     _, out = simulated
@@ -105,6 +107,7 @@ def test_simulate_csv_has_every_kernel_version_with_units_formulas_and_checks(si
     assert any(r["backend"] == "CUDA C bf16 vs CUDA C fp32" for r in checks)
 
 
+@pytest.mark.slow
 @needs_emulator
 def test_simulate_verdicts_one_line_per_item(simulated):
     _, out = simulated

@@ -6,9 +6,11 @@ Every optional package is imported inside a try block: a missing or broken one i
 
 from __future__ import annotations
 
+import glob
 import importlib
 import os
 import platform
+import shutil
 import subprocess
 from typing import Any
 
@@ -50,6 +52,8 @@ def gpu_present() -> str | None:
     name = gpu_name()
     if name:
         return name
+    if not (glob.glob("/dev/nvidia*") or shutil.which("nvidia-smi")):
+        return None  # no NVIDIA driver here: skip importing CuPy/torch just to hear it
     try:
         import cupy
 
