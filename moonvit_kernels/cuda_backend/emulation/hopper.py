@@ -7,17 +7,17 @@ cp.async.bulk.tensor, setmaxnreg, written from the PTX ISA and the driver API do
 hopper.cuh's header for what each model does and checks). `gemm` has the API of
 `launchers.gemm` (NumPy arrays, bf16 as uint16 bits); the `probe_*` functions expose each model
 for the layout tests (tests/test_hopper_layouts.py). A misuse the models catch aborts the process
-with a message on stderr, so tests of misuse call `run_isolated`.
+with a message on stderr, so tests of misuse call `run_forked`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import functools
 import hashlib
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -108,6 +108,11 @@ def _ptr(a: np.ndarray) -> ctypes.c_void_p:
 
 # ============================================================================ the kernel
 _EPI = kcuda.EPILOGUES
+
+
+def array_module():
+    """NumPy: the emulated kernels take host arrays (the launchers' `array_module` on a GPU is CuPy)."""
+    return np
 
 
 def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32", fault: int = 0):
@@ -272,7 +277,24 @@ def mbar_deadlock() -> None:
     library().hop_mbar_deadlock()
 
 
-def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run `code` (after `from moonvit_kernels.cuda_backend.emulation import hopper`) in a fresh Python."""
-    prog = "import numpy as np\nfrom moonvit_kernels.cuda_backend.emulation import hopper\n" + code
-    return subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=timeout)
+def run_forked(fn, *args, **kwargs) -> tuple[int, str]:
+    """Call fn(*args, **kwargs) in a forked child, since the models abort the process on misuse.
+
+    Returns (exit code, the child's stderr): 0 when fn returned, -6 (SIGABRT) when a model aborted."""
+    library()  # built and loaded before the fork, so the child only runs it
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            os.dup2(w, 2)
+            faulthandler.disable()  # the abort is expected: no Python traceback dump
+            fn(*args, **kwargs)
+        except BaseException:
+            code = 3
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        err = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), err
