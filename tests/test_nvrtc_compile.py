@@ -243,3 +243,20 @@ def test_ftz_changes_the_binary_and_cupys_second_ftz_is_harmless(monkeypatch):
     without, _, _ = nvrtc_check.compile_text(src, "ftz.cu", ["k"], "sm_90")
     assert twice == with_ftz
     assert without != with_ftz
+
+
+@pytest.mark.parametrize("arch", sorted(kcuda.OPTIN_SMEM_PER_BLOCK))
+def test_every_listed_architecture_builds(arch):
+    spec = next(s for s in kcuda.kernel_specs() if s.label == "rmsnorm_rows_f32_bf16")
+    cubin, report = nvrtc_check.build_cubin(spec, arch)
+    assert report.ok and cubin[:4] == b"\x7fELF", report.problems
+
+
+def test_judge_refuses_head_dims_beyond_the_architectures_shared_memory():
+    info = nvrtc_check.PtxasInfo(registers=200)
+    for arch, (bf16_max, _) in kcuda.SUPPORTED_HEAD_DIMS.items():
+        fits = next(s for s in kcuda.kernel_specs((bf16_max,)) if s.label == f"flash_attn_bf16_hd{bf16_max}")
+        assert nvrtc_check.judge(fits, info, arch) == [], arch
+        if bf16_max < kcuda.MAX_HEAD_DIM:
+            big = next(s for s in kcuda.kernel_specs((bf16_max + 8,)) if s.label.startswith("flash_attn_bf16"))
+            assert any("shared memory" in p for p in nvrtc_check.judge(big, info, arch)), arch
