@@ -110,6 +110,51 @@ print(inspect.getsource(reference.rmsnorm))
 print(inspect.getsource(rmsnorm_module.kernel_for))
 
 # %% [markdown]
+# ### The next rung: warp shuffles in CUDA C (`cuda_backend/rmsnorm.cu`)
+#
+# The tree above spends `log2(THREADS)` barriers and shared-memory round trips. On a GPU the 32 lanes of a
+# warp can exchange registers directly: `__shfl_xor_sync(mask, v, off)` returns lane `lane ^ off`'s `v`,
+# so five steps (`off = 16, 8, 4, 2, 1`) leave the warp's sum in every lane — no shared memory, no barrier.
+# `block_sum` (in `common.cuh`) does that per warp, writes one value per warp to shared memory, and sums
+# those with one more warp shuffle: 2 barriers instead of 8 for 256 threads. The kernel also reads four
+# floats per access (`float4`) when `D % 4 == 0`:
+
+# %%
+from moonvit_kernels.cuda_backend import emulation
+from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
+
+common = (KERNEL_DIR / "common.cuh").read_text(encoding="utf-8")
+print(
+    common[
+        common.index("__device__ __forceinline__ float warp_sum") : common.index(
+            "return v;\n}", common.index("float block_sum")
+        )
+        + 12
+    ]
+)
+print((KERNEL_DIR / "rmsnorm.cu").read_text(encoding="utf-8"))
+
+# %% [markdown]
+# Run on the CPU emulator (the same `.cu` text through g++, each CUDA thread a `std::thread`, warp
+# shuffles emulated) and checked against the float64 reference — a 5 × 1024 block of rows (vector path)
+# and 3 × 75 (scalar path):
+
+# %%
+if emulation.compiler() is None:
+    print("no C++ compiler (g++ >= 11) here: the CUDA C emulator cannot run")
+else:
+    for rows_e, cols_e in ((5, 1024), (3, 75)):
+        x_e = (rng.standard_normal((rows_e, cols_e)) * rng.uniform(0.1, 3.0, (rows_e, 1))).astype(np.float32)
+        w_e = (1 + 0.25 * rng.standard_normal(cols_e)).astype(np.float32)
+        got_e, rstd_e = emulation.rmsnorm(x_e, w_e, 1e-6, return_rstd=True)
+        want_e = reference.rmsnorm(x_e.astype(np.float64), w_e.astype(np.float64), 1e-6)
+        rtol_e = 8 * FP32_EPS * np.sqrt(cols_e)
+        np.testing.assert_allclose(got_e, want_e, rtol=rtol_e, atol=rtol_e * np.abs(want_e).max())
+        print(
+            f"CPU emulator of rmsnorm.cu, {rows_e} × {cols_e}: max rel. error {np.abs(got_e - want_e).max() / np.abs(want_e).max():.1e}"
+        )
+
+# %% [markdown]
 # ## Check against NumPy — output and rstd
 #
 # Random rows with a different scale each (never ones: a kernel that forgot to divide by `cols` passes on

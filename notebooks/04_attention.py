@@ -193,6 +193,59 @@ print(inspect.getsource(reference.attention))
 print(attention_module.__doc__)
 
 # %% [markdown]
+# ### v1: one block per (query row, head)
+#
+# The block's threads compute the row's scores into a shared-memory row, reduce it to its max and its sum
+# of exponentials (shared-memory trees), then each thread produces output dims `t, t + threads, …`.
+# Every query row reads its item's whole K and V from global memory — the traffic the table above counts.
+
+
+# %%
+def show_source(module, *names):
+    """Print the source of the first of `names` the module defines (kernel factories)."""
+    for name in names:
+        if hasattr(module, name):
+            print(inspect.getsource(getattr(module, name)))
+            return
+    print(f"(the module defines none of {names})")
+
+
+show_source(attention_module, "make_attention_v1", "_make_attention_v1")
+
+# %% [markdown]
+# ### v2: tiles and the online softmax
+#
+# One block per (query tile, head): the tile's queries stay in shared memory, K and V stream through it
+# `block_k` keys at a time, and each row carries `(m, l, acc)` with the rescale written out above (you
+# write that update yourself in exercise B).
+
+# %%
+show_source(attention_module, "make_attention_v2", "_make_attention_v2")
+
+# %% [markdown]
+# ### The CUDA C flash kernels (`cuda_backend/attention.cu`)
+#
+# Two kernels, the same algorithm. `flash_attn_fp32` is v2 on SIMT cores with a padded K tile
+# (`HD + 1`: lane `j` reads key `j`'s row without bank conflicts). `flash_attn_bf16` uses the tensor
+# cores for both products and adds two tricks:
+#
+# - **exp2 domain**: scores are scaled by `scale·log2(e)` once, so every `exp` becomes the cheaper
+#   `exp2f` and the rescale is `2^(m_old − m_new)`; `lse` is converted back with `ln 2` at the end;
+# - **P-fragment reuse**: the fp32 accumulators of `S = Q·Kᵀ` for two 16×8 key tiles sit in exactly the
+#   lanes and registers of the A fragment of a 16×16 tile of `P` — so after `exp2` they are packed to
+#   bf16 in registers (`pack_bf16x2`) and fed straight into `O += P·V`'s `mma.sync`, never touching
+#   shared memory. V is read with `ldmatrix .trans` (it is `[key][d]`, and the B operand wants k fastest).
+#
+# The file, then both kernels run on the CPU emulator against the float64 reference (the fp32 one on this
+# notebook's packed input; `hd = 24` is one of the emulator's instantiations):
+
+# %%
+from moonvit_kernels.cuda_backend import emulation
+from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
+
+print((KERNEL_DIR / "attention.cu").read_text(encoding="utf-8"))
+
+# %% [markdown]
 # ## Check against NumPy — output and log-sum-exp
 #
 # q, k, v random and non-uniform (rows of different magnitudes, so some softmaxes are peaked). The
@@ -226,6 +279,35 @@ for name, launch in launches.items():
     outputs[name] = o
     rows.append([name, str(launch), np.abs(o - ref_o).max(), np.abs(lse - ref_lse).max()])
 display(Markdown(markdown_table(["kernel", "launch", "o: max abs error", "lse: max abs error"], rows)))
+
+# %% [markdown]
+# The CUDA C kernels on the CPU emulator, same input and bounds (bf16: compared with a float64 attention
+# of the bf16-rounded q, k, v, with a bound for P rounded to bf16 before `P·V`):
+
+# %%
+if emulation.compiler() is None or hd not in emulation.HEAD_DIMS:
+    print(f"the CUDA C emulator cannot run here (no g++ >= 11, or hd = {hd} not among {emulation.HEAD_DIMS})")
+else:
+    from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
+
+    o_c, lse_c = emulation.attention(qkv, cu_seqlens, heads, hd)
+    np.testing.assert_allclose(o_c, ref_o, rtol=rtol, atol=(score_err + rtol) * np.abs(v).max(), err_msg="fp32")
+    np.testing.assert_allclose(lse_c, ref_lse, rtol=rtol, atol=score_err, err_msg="fp32 lse")
+    bits = float32_to_bf16_bits(qkv)
+    o_b, lse_b = emulation.attention(bits, cu_seqlens, heads, hd)
+    o_b = bf16_bits_to_float32(o_b)
+    q_r, k_r, v_r = (bf16_bits_to_float32(bits[:, s_ * Q : (s_ + 1) * Q]).reshape(L, heads, hd) for s_ in range(3))
+    ref_b, ref_lse_b = reference.attention(
+        *(a_.astype(np.float64) for a_ in (q_r, k_r, v_r)), cu_seqlens, return_lse=True
+    )
+    err_b = np.abs(o_b - ref_b.reshape(L, Q)).max()
+    assert err_b <= 2**-7 * np.abs(v_r).max() * 2, err_b  # P and the output rounded to bf16
+    rows_c = [
+        ["flash_attn_fp32 (SIMT)", np.abs(o_c - ref_o).max(), np.abs(lse_c - ref_lse).max()],
+        ["flash_attn_bf16 (tensor cores)", err_b, np.abs(lse_b - ref_lse_b).max()],
+    ]
+    print("CPU emulator of attention.cu")
+    display(Markdown(markdown_table(["kernel", "o: max abs error", "lse: max abs error"], rows_c)))
 
 # %% [markdown]
 # ## Pictures: where the error lands
