@@ -151,3 +151,47 @@ def test_build_cubins_api_and_arch_option(tmp_path):
     assert simulated.returncode != 0 and "simulator off" in simulated.stderr
     bad = _run_without_simulator(["-m", "moonvit_kernels.numba_backend.compile_check", "--arch", "sm_75"], timeout=60)
     assert bad.returncode == 2 and "sm_75" in bad.stderr
+
+
+# Hot loops held to at most this many SASS instructions per FFMA (sm_90): every innermost loop with
+# FFMAs in these kernels. numba `for ... in range` loops cost ~24 (attention v2 QK at hd 128).
+MAX_INSTRUCTIONS_PER_FFMA = 4.0
+HOT_LOOP_KERNELS = ("gemm_v3_", "attention_v2_")
+
+
+def test_hot_loops_cost_at_most_4_sass_instructions_per_ffma():
+    from moonvit_kernels.xray.sass import nvdisasm_path
+
+    if nvdisasm_path() is None:
+        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm, part of the dev extra)")
+    script = textwrap.dedent(
+        f"""
+        import json
+        from moonvit_kernels.numba_backend.compile_check import build_cubins
+        from moonvit_kernels.xray.sass import disassemble
+        out = {{}}
+        mods = ["moonvit_kernels.numba_backend.gemm", "moonvit_kernels.numba_backend.attention"]
+        for label, cubin, report in build_cubins((9, 0), mods):
+            if label.startswith({HOT_LOOP_KERNELS!r}):
+                out[label] = [
+                    (loop.size, loop.fmas, loop.per_fma)
+                    for f in disassemble(cubin) if not f.name.startswith("__")
+                    for loop in f.innermost if loop.fmas
+                ]
+        print(json.dumps(out))
+        """
+    )
+    r = _run_without_simulator(["-c", script], timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    loops = json.loads(r.stdout.strip().splitlines()[-1])
+    assert {f"gemm_v3_{ep}" for ep in ("none", "gelu_tanh", "gelu_erf", "residual")} <= set(loops)
+    assert {"attention_v2_hd128_q32_k16", "attention_v2_hd24_q32_k16"} <= set(loops)
+    # The loops must exist where the trip counts are long (a test that finds no loop proves nothing):
+    # GEMM v3's k-slab loop, attention v2's key-tile loop holding the QK and PV loops at hd 128.
+    assert loops["gemm_v3_none"] and len(loops["attention_v2_hd128_q32_k16"]) >= 2, loops
+    slow = {
+        label: [f"{size} instructions / {fmas} FFMA = {ratio:.2f}" for size, fmas, ratio in found]
+        for label, found in loops.items()
+        if any(ratio > MAX_INSTRUCTIONS_PER_FFMA for _, _, ratio in found)
+    }
+    assert not slow, f"hot loops above {MAX_INSTRUCTIONS_PER_FFMA} SASS instructions per FFMA: {slow}"

@@ -38,9 +38,10 @@ def check(got, a, b, epilogue="none", res=None, name="C"):
     assert_close(got, expected(a, b, epilogue, res), rtol=rtol, atol=rtol * np.sqrt(K), name=name)
 
 
-# Sizes that are not multiples of any tile (16, 64) and K spanning two K-slabs; N = 70 gives v3 two blocks.
+# Sizes that are not multiples of any tile (16, 64) and K spanning two K-slabs; N = 70 gives v3 two blocks
+# along n, M = 67 two along m (with K = 35: three slabs).
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("M,N,K", [(1, 37, 19), (7, 70, 19), (33, 37, 19), (5, 3, 1)])
+@pytest.mark.parametrize("M,N,K", [(1, 37, 19), (7, 70, 19), (33, 37, 19), (5, 3, 1), (67, 5, 35)])
 def test_gemm_matches_reference(version, M, N, K):
     a, b, _ = operands(M, N, K, seed=M * 100 + N)
     got = G.gemm(a, b, version=version)

@@ -1,4 +1,4 @@
-"""Packed, block-diagonal, non-causal softmax attention (SPEC stage 3, `o = attention(q, k, v)`).
+"""Packed, block-diagonal, non-causal softmax attention (docs/model.md §5, `o = attention(q, k, v)`).
 
 Layout (every version):
   in   `qkv [L, 3·Q]` float32, C-contiguous: the wqkv GEMM output after RoPE, read in place.
@@ -113,8 +113,10 @@ def make_attention_v1(head_dim: int, threads: int) -> Callable:
         m_local = _NEG_INF
         for j in range(tid, n_keys, nt):
             s = _ZERO
-            for d in range(HD):
+            d = 0
+            while d < HD:  # not `range`: see v2
                 s += q_s[d] * qkv[kv_start + j, k_col + d]
+                d += 1
             scores[j] = s
             m_local = max(m_local, s)
         m = block_reduce(red, m_local, REDUCE_MAX)
@@ -131,8 +133,10 @@ def make_attention_v1(head_dim: int, threads: int) -> Callable:
         inv_l = _ONE / l_sum
         for d in range(tid, HD, nt):
             acc = _ZERO
-            for j in range(n_keys):
+            j = 0
+            while j < n_keys:
                 acc += scores[j] * qkv[kv_start + j, v_col + d]
+                j += 1
             o[row, q_col + d] = acc * inv_l
         if tid == 0:
             lse[row, head] = m + math.log(l_sum)
@@ -156,10 +160,7 @@ def make_attention_v2(head_dim: int, block_q: int, block_k: int) -> Callable:
     """
     HD, BQ, BK = head_dim, block_q, block_k
     DIMS_PER_THREAD = ceil_div(HD, BK)  # output dims tx, tx + BK, ... of row ty
-    Q_SHAPE = (BQ, HD)
-    K_SHAPE = (BK, HD + 1)  # +1: threads of a warp read different K rows -> different banks
-    V_SHAPE = (BK, HD)
-    S_SHAPE = (BQ, BK)
+    Q_SHAPE, K_SHAPE, V_SHAPE, S_SHAPE = v2_shared_shapes(head_dim, block_q, block_k)
 
     def attention_v2(qkv, cu_seqlens, tiles, o, lse, scale):
         tile = cuda.blockIdx.x
@@ -211,9 +212,13 @@ def make_attention_v2(head_dim: int, block_q: int, block_k: int) -> Callable:
                     v_s[c, d] = _ZERO
             cuda.syncthreads()
 
+            # Hot loops are `while` loops with constant bounds, not `for ... in range`: numba's range
+            # indexes in signed 64 bits with negative-index wraparound, which blocks unrolling.
             s = _ZERO
-            for d in range(HD):
+            d = 0
+            while d < HD:
                 s += q_s[ty, d] * k_s[tx, d]
+                d += 1
             if k0 + tx >= kv_end:
                 s = _NEG_INF
             s_s[ty, tx] = s
@@ -230,13 +235,17 @@ def make_attention_v2(head_dim: int, block_q: int, block_k: int) -> Callable:
             row_sum = _ZERO
             for k in range(DIMS_PER_THREAD):
                 acc[k] *= alpha
-            for j in range(BK):
+            j = 0
+            while j < BK:
                 p = p_s[ty, j]
                 row_sum += p
-                for k in range(DIMS_PER_THREAD):
+                k = 0
+                while k < DIMS_PER_THREAD:
                     d = tx + k * BK
-                    if d < HD:
+                    if HD % BK == 0 or d < HD:  # a compile-time True when BK divides HD
                         acc[k] += p * v_s[j, d]
+                    k += 1
+                j += 1
             l_i = l_i * alpha + row_sum
             m_i = m_new
 
@@ -259,9 +268,23 @@ def attention_v2_kernel(head_dim: int, block_q: int = V2_BLOCK_Q, block_k: int =
     return cuda.jit(make_attention_v2(head_dim, block_q, block_k))
 
 
+def v2_shared_shapes(
+    head_dim: int, block_q: int, block_k: int
+) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """Shapes of the v2 shared arrays `(q_s, k_s, v_s, s_s)` (p_s has s_s's shape), float32, row-major.
+
+    q_s and k_s rows are padded by one float: the QK loop reads q_s[ty, d] (two rows per warp) and
+    k_s[tx, d] (16 rows per warp) at one d, and an unpadded row stride that is a multiple of 32
+    words (head_dim 128) would put those rows in one bank. v_s is read along rows (v_s[j, tx + ...]),
+    s_s/p_s rows are block_k = 16 words: both conflict-free unpadded.
+    """
+    return (block_q, head_dim + 1), (block_k, head_dim + 1), (block_k, head_dim), (block_q, block_k)
+
+
 def v2_shared_bytes(head_dim: int, block_q: int, block_k: int) -> int:
-    """Static shared memory of a v2 kernel: Q tile, padded K tile, V tile, scores and probabilities."""
-    return 4 * (block_q * head_dim + block_k * (head_dim + 1) + block_k * head_dim + 2 * block_q * block_k)
+    """Static shared memory of a v2 kernel: padded Q and K tiles, V tile, scores and probabilities."""
+    q, k, v, s = v2_shared_shapes(head_dim, block_q, block_k)
+    return 4 * (q[0] * q[1] + k[0] * k[1] + v[0] * v[1] + 2 * s[0] * s[1])
 
 
 def v1_shared_bytes(head_dim: int, threads: int) -> int:

@@ -1,4 +1,4 @@
-"""GEMM `C = A·Bᵀ` with a fused epilogue: the patch embedding and every linear layer (SPEC stages 1, 3, 6).
+"""GEMM `C = A·Bᵀ` with a fused epilogue: the patch embedding and every linear layer (docs/model.md §1, §3, §7).
 
 Layout: `A [M, K]` row-major (activations, one token per row), `B [N, K]` row-major (a weight in
 checkpoint layout `[out, in]`, so no transpose is ever materialised), `C [M, N]`. Products are
@@ -12,9 +12,16 @@ Versions (llm.c style: each keeps the idea of the previous one and changes one t
       with zeros so they add nothing. B's tile is read "transposed" (b_tile[tx, kk]); one
       column of padding (TILE + 1) spreads those reads over distinct shared-memory banks.
   v3  register blocking: a block owns a BM x BN tile of C and stages BK-deep slabs (stored
-      k-major); each thread computes a TM x TN patch of outputs held in registers. Per k-step a
-      thread loads TM values of A and TN values of B and does TM·TN FMAs, so each shared load
-      feeds several FMAs instead of one.
+      k-major); each thread computes TM x TN outputs held in registers (TM adjacent rows, TN
+      columns 16 apart). Per k-step a thread loads TM values of A and TN values of B and does
+      TM·TN FMAs, so each shared load feeds several FMAs instead of one. Slab rows are padded
+      to BM + 2 floats so that no shared access is bank-conflicted (`V3_*` layout constants).
+
+Hot loops are written as `while` loops over indices that start at 0 (or at a thread index)
+rather than `for ... in range(...)`: numba's range loop indexes in signed 64 bits and wraps
+negative indices, and the selects this adds stop LLVM from unrolling constant trip counts (the
+SASS of v3's k-step went from a 16-FFMA loop body to 128 FFMAs per iteration, 1.55
+instructions per FFMA; see compile_check and the compile-tier test).
 
 Epilogues, selected at launch; each (version, epilogue) pair is its own kernel, built by a
 factory with the epilogue id as a compile-time constant, so there is no per-element dispatch:
@@ -85,8 +92,10 @@ def _make_gemm_v1(epilogue: str) -> Any:
         m = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
         if m < M and n < N:
             acc = float32(0.0)
-            for k in range(K):
+            k = 0
+            while k < K:
                 acc += A[m, k] * B[n, k]
+                k += 1
             C[m, n] = apply_epilogue(acc, EPILOGUE, R, m, n)
 
     return jit_named(gemm_v1, f"gemm_v1_{epilogue}")
@@ -122,56 +131,90 @@ def _make_gemm_v2(epilogue: str) -> Any:
 
 
 # ============================================================================ v3: register blocking
+# Shared-memory layout and thread ownership of v3, in one place: the kernel uses these and the
+# bank-conflict test (tests/test_kernels_gemm.py) reads them.
+V3_THREADS_X = BN // TN  # threads along n (threadIdx.x); BM // TM along m (threadIdx.y)
+V3_LOADS_A = BM * BK // V3_THREADS  # slab elements each thread stages per k-step
+V3_LOADS_B = BN * BK // V3_THREADS
+# Row stride of the k-major slabs: BM + 2 ≡ 2 (mod 32 banks). A warp stages 16 consecutive k of
+# two rows; with stride ≡ 2 the 32 words `kk·stride + r` fall in 32 distinct banks (stride 64
+# would put them all in 2 banks: a 16-way conflict).
+V3_PAD = 2
+V3_A_SHAPE = (BK, BM + V3_PAD)  # a_tile[kk, r] = A[m0 + r, k0 + kk]
+V3_B_SHAPE = (BK, BN + V3_PAD)  # b_tile[kk, c] = B[n0 + c, k0 + kk]
+
+
+@cuda.jit(device=True, inline="always")
+def v3_stage_coords(tid, s):
+    """`(r, kk)` of the s-th slab element thread `tid` stages: tile row r, depth kk.
+
+    Consecutive threads take consecutive kk of one row, so a warp reads 16 contiguous floats of
+    two rows of A (or B) from global memory.
+    """
+    e = tid + s * V3_THREADS
+    return e // BK, e % BK
+
+
+@cuda.jit(device=True, inline="always")
+def v3_row(ty, i):
+    """Tile row of the i-th output row of thread row ty: a thread owns TM adjacent rows."""
+    return ty * TM + i
+
+
+@cuda.jit(device=True, inline="always")
+def v3_col(tx, j):
+    """Tile column of the j-th output column of thread column tx: columns tx, tx + 16, ... so that the
+    16 threads of a half-warp read 16 consecutive words of b_tile (distinct banks) and store 16
+    consecutive floats of C."""
+    return tx + j * V3_THREADS_X
+
+
 def _make_gemm_v3(epilogue: str) -> Any:
     EPILOGUE = EPILOGUE_IDS[epilogue]
-    threads_x = BN // TN  # threads along n; threadIdx.x = tx owns columns tx·TN ... tx·TN + TN-1
-    loads_a = BM * BK // V3_THREADS  # slab elements each thread stages
-    loads_b = BN * BK // V3_THREADS
 
     def gemm_v3(A, B, R, C, M, N, K):
-        a_tile = cuda.shared.array((BK, BM), float32)  # k-major: a_tile[kk, i] = A[m0 + i, k0 + kk]
-        b_tile = cuda.shared.array((BK, BN), float32)  # k-major: b_tile[kk, j] = B[n0 + j, k0 + kk]
+        a_tile = cuda.shared.array(V3_A_SHAPE, float32)
+        b_tile = cuda.shared.array(V3_B_SHAPE, float32)
         acc = cuda.local.array((TM, TN), float32)
         a_reg = cuda.local.array(TM, float32)
         b_reg = cuda.local.array(TN, float32)
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
-        tid = ty * threads_x + tx
+        tid = ty * V3_THREADS_X + tx
         m0 = cuda.blockIdx.y * BM
         n0 = cuda.blockIdx.x * BN
         for i in range(TM):
             for j in range(TN):
                 acc[i, j] = float32(0.0)
         for k0 in range(0, K, BK):
-            # Consecutive threads stage consecutive k of one row: contiguous global reads.
-            for s in range(loads_a):
-                e = tid + s * V3_THREADS
-                r = e // BK
-                kk = e % BK
+            for s in range(V3_LOADS_A):
+                r, kk = v3_stage_coords(tid, s)
                 m = m0 + r
                 k = k0 + kk
                 a_tile[kk, r] = A[m, k] if (m < M and k < K) else float32(0.0)
-            for s in range(loads_b):
-                e = tid + s * V3_THREADS
-                r = e // BK
-                kk = e % BK
+            for s in range(V3_LOADS_B):
+                r, kk = v3_stage_coords(tid, s)
                 n = n0 + r
                 k = k0 + kk
                 b_tile[kk, r] = B[n, k] if (n < N and k < K) else float32(0.0)
             cuda.syncthreads()
-            for kk in range(BK):
+            # `while` with a constant bound, not `for ... in range`: numba's range loop indexes in
+            # signed 64 bits with negative-index wraparound, which keeps LLVM from unrolling it.
+            kk = 0
+            while kk < BK:
                 for i in range(TM):
-                    a_reg[i] = a_tile[kk, ty * TM + i]
+                    a_reg[i] = a_tile[kk, v3_row(ty, i)]
                 for j in range(TN):
-                    b_reg[j] = b_tile[kk, tx * TN + j]
+                    b_reg[j] = b_tile[kk, v3_col(tx, j)]
                 for i in range(TM):
                     for j in range(TN):
                         acc[i, j] += a_reg[i] * b_reg[j]
+                kk += 1
             cuda.syncthreads()
         for i in range(TM):
-            m = m0 + ty * TM + i
+            m = m0 + v3_row(ty, i)
             for j in range(TN):
-                n = n0 + tx * TN + j
+                n = n0 + v3_col(tx, j)
                 if m < M and n < N:
                     C[m, n] = apply_epilogue(acc[i, j], EPILOGUE, R, m, n)
 
@@ -188,7 +231,7 @@ COMPILE_SIGNATURES = [(kernel.py_func, SIGNATURE) for kernel in KERNELS.values()
 def launch_config(version: int, M: int, N: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """`(blocks, threads)` of a version for an M x N output; x runs over columns."""
     if version == 3:
-        return grid_2d(M, N, BM, BN), (BN // TN, BM // TM)
+        return grid_2d(M, N, BM, BN), (V3_THREADS_X, BM // TM)
     return grid_2d(M, N, TILE, TILE), (TILE, TILE)
 
 

@@ -1,4 +1,4 @@
-"""Patch merge gather (`tpool_patch_merger`, SPEC stage 5): mean over frames, kh x kw gather.
+"""Patch merge gather (`tpool_patch_merger`, docs/model.md §6): mean over frames, kh x kw gather.
 
 Layout: `x [L, D]` (final-norm tokens of all packed items; within an item: frame, row, column),
 `items [N, 5]` int32 rows `(t, h, w, token_offset, merged_offset)`

@@ -1,4 +1,4 @@
-"""Absolute position embedding, added in place to packed patch tokens (SPEC stage 2).
+"""Absolute position embedding, added in place to packed patch tokens (docs/model.md §2).
 
 Layout: `x [L, D]` (tokens of all media items, packed; within an item: frame, row, column),
 `pos_weight [H0, W0, D]` (the learned grid), `time [T0, D]` (the sin/cos frame table,

@@ -1,4 +1,4 @@
-"""RMSNorm `out = x · rsqrt(mean(x², row) + eps) · weight`, in float32 (SPEC stage 3, final_layernorm, projector).
+"""RMSNorm `out = x · rsqrt(mean(x², row) + eps) · weight`, in float32 (docs/model.md §3 and §7).
 
 Layout: `x [rows, cols]` row-major (one token per row), `weight [cols]`, `out [rows, cols]`,
 `rstd [rows]` = `rsqrt(mean(x²) + eps)` per row (kept for tests and a backward pass).
@@ -40,17 +40,23 @@ def kernel_for(threads: int) -> Any:
             return
         partial = cuda.shared.array(THREADS, float32)
         acc = float32(0.0)
-        for j in range(tid, cols, THREADS):
+        # `while`, not `for ... in range`: numba's range indexes in signed 64 bits with
+        # negative-index wraparound on every x[row, j]; here j provably starts at tid >= 0.
+        j = tid
+        while j < cols:
             v = x[row, j]
             acc += v * v
+            j += THREADS
         total = block_reduce(partial, acc, REDUCE_SUM)
         r = float32(1.0) / math.sqrt(total / float32(cols) + eps)
         if tid == 0:
             rstd[row] = r
         # Each thread reads x[row, j] before writing out[row, j], and all reads of pass 1
         # finished at the syncthreads above: out may alias x.
-        for j in range(tid, cols, THREADS):
+        j = tid
+        while j < cols:
             out[row, j] = x[row, j] * r * weight[j]
+            j += THREADS
 
     return jit_named(rmsnorm_kernel, f"rmsnorm_kernel_t{threads}")
 

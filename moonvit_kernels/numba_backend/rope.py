@@ -1,4 +1,4 @@
-"""2D RoPE applied in place to the q and k parts of the packed qkv buffer (SPEC stage 3, step 4).
+"""2D RoPE applied in place to the q and k parts of the packed qkv buffer (docs/model.md §4).
 
 Layout: `qkv [L, 3·Q]` row-major, column `s·Q + head·hd + d` with s = 0 (q), 1 (k), 2 (v);
 `grid_thws [N, 3]` int32 rows `(t, h, w)` and `cu_seqlens [N + 1]` int32 token offsets of the
