@@ -1,11 +1,14 @@
 """SASS of a cubin (nvdisasm from the `nvidia-cuda-nvdisasm` wheel): instruction mix and innermost loops.
 
-`disassemble(cubin)` runs `nvdisasm -c` and returns, per kernel (function section), its
+`disassemble(cubin)` runs `nvdisasm -c -ndf` and returns, per kernel (function section), its
 instructions in address order. A loop is a backward branch: a `BRA` whose target label lies at or
 before the branch; its body is every instruction from the target to the branch. An innermost
-loop contains no other loop. The hot loop of a kernel is its innermost loop with the most
-FMA-class instructions (FFMA, or HMMA / HGMMA for tensor-core kernels), and its cost is
-instructions per FMA: every instruction of the body (NOPs excluded) divided by its FMAs.
+loop contains no other loop. A loop's own instructions are those of its body outside any loop
+nested in it (for an innermost loop: the whole body). The hot loop of a kernel is the loop with the
+most FMA-class instructions (FFMA, or HMMA / HGMMA for tensor-core kernels) among its own
+instructions — an innermost loop whenever the FMAs sit in one, else a main loop whose nested loops
+only stage data (the tensor-core kernels) — and its cost is instructions per FMA: its own
+instructions (NOPs excluded) divided by its own FMAs (by its MMAs when it has any).
 A fully unrolled `for` leaves no branch, so only loops that really iterate are found.
 """
 
@@ -82,12 +85,14 @@ class Loop:
 
     start: int
     end: int
-    instructions: list[Instruction] = field(default_factory=list)
+    instructions: list[Instruction] = field(default_factory=list)  # the whole body
     innermost: bool = True
+    own: list[Instruction] = field(default_factory=list)  # the body outside nested loops
 
     @property
     def mix(self) -> Counter:
-        return mix(self.instructions)
+        """Instruction mix of the loop's own instructions."""
+        return mix(self.own)
 
     @property
     def fmas(self) -> int:
@@ -96,7 +101,8 @@ class Loop:
 
     @property
     def size(self) -> int:
-        return sum(1 for i in self.instructions if i.opcode != "NOP")
+        """Own instructions, NOPs excluded."""
+        return sum(1 for i in self.own if i.opcode != "NOP")
 
     @property
     def per_fma(self) -> float | None:
@@ -123,10 +129,15 @@ class Function:
         return [lp for lp in self.loops if lp.innermost]
 
     @property
+    def fma_loops(self) -> list[Loop]:
+        """Innermost loops holding at least one FMA-class instruction."""
+        return [lp for lp in self.innermost if lp.fmas]
+
+    @property
     def hot_loop(self) -> Loop | None:
-        """The innermost loop with the most FMA-class instructions (None if no loop has any)."""
-        candidates = [lp for lp in self.innermost if lp.fmas]
-        return max(candidates, key=lambda lp: (lp.fmas, -lp.start)) if candidates else None
+        """The loop with the most own FMA-class instructions (None if no loop has any)."""
+        candidates = [lp for lp in self.loops if lp.fmas]
+        return max(candidates, key=lambda lp: (lp.fmas, lp.innermost, -lp.start)) if candidates else None
 
 
 def categorize(opcode: str, modifiers: str = "", operands: str = "") -> str:
@@ -193,7 +204,7 @@ def disassemble_text(cubin: bytes) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        r = subprocess.run([exe, "-c", str(path)], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([exe, "-c", "-ndf", str(path)], capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         raise RuntimeError(f"nvdisasm failed: {r.stderr.strip()[:500]}")
     return r.stdout
@@ -252,10 +263,25 @@ def find_loops(insns: list[Instruction], labels: dict[str, int], branches: list[
             continue
         loops.append(Loop(start, end, body))
     for lp in loops:
-        lp.innermost = not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in loops)
+        nested = [o for o in loops if o is not lp and lp.start <= o.start and o.end <= lp.end]
+        lp.innermost = not nested
+        lp.own = [i for i in lp.instructions if not any(o.start <= i.address <= o.end for o in nested)]
     return loops
 
 
 def disassemble(cubin: bytes) -> list[Function]:
     """Parsed SASS of every kernel in `cubin`."""
     return parse(disassemble_text(cubin))
+
+
+def disassemble_file(path: str | os.PathLike) -> list[Function]:
+    """Parsed SASS of the cubin at `path`; the listing is cached beside it as `<path>.sass`."""
+    path = Path(path)
+    listing = path.with_name(path.name + ".sass")
+    if listing.exists() and listing.stat().st_mtime >= path.stat().st_mtime:
+        return parse(listing.read_text(encoding="utf-8"))
+    text = disassemble_text(path.read_bytes())
+    tmp = listing.with_name(f"{listing.name}.{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, listing)
+    return parse(text)

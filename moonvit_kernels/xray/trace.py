@@ -105,13 +105,22 @@ class TracedArray:
 def traced_shared(recorder: Recorder) -> Iterator[None]:
     """While active, `cuda.shared.array(...)` in simulated kernels returns TracedArrays named after
     the variable they are assigned to."""
+    from numba.core import types
     from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
 
     original = kernelapi.FakeCUDAShared.array
 
     def array(self, shape, dtype, alignment=None):
-        arr = original(self, shape, dtype, alignment)
         frame = sys._getframe(1)
+        if shape == 0:  # dynamic shared memory: one buffer for the block, as the simulator does
+            arr = original(self, shape, dtype, alignment)
+        else:  # one array per declaring line and block (the simulator keys by the caller, which is now us)
+            key = (frame.f_code.co_filename, frame.f_lineno)
+            arr = self._allocations.get(key)
+            if arr is None:
+                dt = numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else np.dtype(dtype)
+                arr = self._allocations[key] = np.empty(shape, dt)
         line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
         m = _SHARED_NAME.search(line)
         return TracedArray(arr, m.group(1) if m else f"shared@{frame.f_lineno}", "shared", recorder)

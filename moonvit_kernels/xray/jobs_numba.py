@@ -1,0 +1,198 @@
+"""Small but representative launches of every numba kernel under the simulator, for `trace`.
+
+Each job launches the kernel exactly as its launcher does (block shape, K3 head_dim 128, the K3
+block size of the memory-bound kernels) on the fewest blocks that show a full warp pattern: full
+tiles (so no lane is masked by an edge), one or two blocks, random data. `TraceJob.labels` is a
+regular expression of the cubin labels the trace stands for (every epilogue of one GEMM version
+shares its loads; the epilogue traced is `residual`, which also reads R).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import trace
+
+
+@dataclass
+class TraceJob:
+    name: str
+    labels: str  # regex over numba cubin labels
+    setup: str  # what was launched, for the report
+    launch: Callable[[], tuple[Any, Any, Any, list, list[str], Callable[[], bool] | None]]
+
+
+def _rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+def _f32(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def _gemm_job(version: int, M: int, N: int, K: int) -> TraceJob:
+    def launch():
+        from moonvit_kernels.numba_backend import gemm
+
+        rng = _rng()
+        A, B, R = _f32(rng, M, K), _f32(rng, N, K), _f32(rng, M, N)
+        C = np.zeros((M, N), np.float32)
+        blocks, threads = gemm.launch_config(version, M, N)
+        args = [A, B, R, C, np.int32(M), np.int32(N), np.int32(K)]
+
+        def ok() -> bool:
+            return bool(np.allclose(C, A.astype(np.float64) @ B.T + R, atol=1e-3, rtol=1e-3))
+
+        return gemm.KERNELS[(version, "residual")], blocks, threads, args, ["A", "B", "R", "C", "M", "N", "K"], ok
+
+    return TraceJob(f"gemm_v{version}", rf"gemm_v{version}_\w+", f"M={M}, N={N}, K={K}, epilogue residual", launch)
+
+
+def _qkv(rng: np.random.Generator, L: int, H: int, hd: int) -> np.ndarray:
+    return _f32(rng, L, 3 * H * hd)
+
+
+def _attention_v1_job(hd: int, L: int) -> TraceJob:
+    def launch():
+        from moonvit_kernels.numba_backend import attention
+
+        rng = _rng()
+        qkv = _qkv(rng, L, 1, hd)
+        cu = np.array([0, L], np.int32)
+        o = np.zeros((L, hd), np.float32)
+        lse = np.zeros((L, 1), np.float32)
+        kernel = attention.attention_v1_kernel(hd, attention.V1_THREADS)
+        scale = np.float32(1 / np.sqrt(hd))
+        return (
+            kernel,
+            (1, 1),
+            attention.V1_THREADS,
+            [qkv, cu, o, lse, scale],
+            ["qkv", "cu_seqlens", "o", "lse", ""],
+            None,
+        )
+
+    return TraceJob(
+        "attention_v1", rf"attention_v1_hd{hd}_t\d+", f"hd={hd}, one item of L={L} keys, query row 0 (1 block)", launch
+    )
+
+
+def _attention_v2_job(hd: int, L: int) -> TraceJob:
+    def launch():
+        from moonvit_kernels.numba_backend import attention
+
+        rng = _rng()
+        qkv = _qkv(rng, L, 1, hd)
+        cu = np.array([0, L], np.int32)
+        bq, bk = attention.V2_BLOCK_Q, attention.V2_BLOCK_K
+        tiles = attention.query_tiles(cu, bq)[:1]
+        o = np.zeros((L, hd), np.float32)
+        lse = np.zeros((L, 1), np.float32)
+        kernel = attention.attention_v2_kernel(hd, bq, bk)
+        scale = np.float32(1 / np.sqrt(hd))
+        args = [qkv, cu, tiles, o, lse, scale]
+        return kernel, (1, 1), (bk, bq), args, ["qkv", "cu_seqlens", "tiles", "o", "lse", ""], None
+
+    return TraceJob(
+        "attention_v2", rf"attention_v2_hd{hd}_q\d+_k\d+", f"hd={hd}, one item of L={L}, first query tile", launch
+    )
+
+
+def _rmsnorm_job(cols: int) -> TraceJob:
+    def launch():
+        from moonvit_kernels.numba_backend import rmsnorm
+
+        rng = _rng()
+        x, w = _f32(rng, 1, cols), _f32(rng, cols)
+        out, rstd = np.zeros_like(x), np.zeros(1, np.float32)
+        t = 256
+        args = [x, w, out, rstd, np.int32(1), np.int32(cols), np.float32(1e-6)]
+        return rmsnorm.kernel_for(t), 1, t, args, ["x", "weight", "out", "rstd", "", "", ""], None
+
+    return TraceJob("rmsnorm", r"rmsnorm_kernel_t\d+", f"one row of D={cols}, 256 threads", launch)
+
+
+def _rope_job(heads: int, hd: int) -> TraceJob:
+    def launch():
+        from moonvit_kernels.numba_backend import rope
+
+        rng = _rng()
+        qkv = _qkv(rng, 2, heads, hd)
+        g = np.array([[1, 1, 2]], np.int32)
+        cu = np.array([0, 2], np.int32)
+        args = [qkv, g, cu, np.int32(1), np.int32(2), np.int32(heads), np.int32(hd)]
+        return rope.rope2d_kernel, 1, 128, args, ["qkv", "grid_thws", "cu_seqlens", "", "", "", ""], None
+
+    return TraceJob("rope", r"rope2d_kernel", f"token 0 of 2, H={heads}, hd={hd}, 128 threads", launch)
+
+
+def _merge_job(D: int) -> TraceJob:
+    def launch():
+        from moonvit_kernels.numba_backend import launch as nl
+        from moonvit_kernels.numba_backend import merge
+
+        rng = _rng()
+        x = _f32(rng, 4, D)
+        items = nl.item_table([[1, 2, 2]], (2, 2))
+        out = np.zeros((1, 4 * D), np.float32)
+        args = [x, items, out, np.int32(1), np.int32(1), np.int32(D), np.int32(2), np.int32(2)]
+        return merge.merge_gather_kernel, 1, 128, args, ["x", "items", "out", "", "", "", "", ""], None
+
+    return TraceJob("merge", r"merge_gather_kernel", f"one merged token, D={D}, 128 threads", launch)
+
+
+def _pos_emb_job(mode: str, D: int) -> TraceJob:
+    def launch():
+        from moonvit_kernels.numba_backend import launch as nl
+        from moonvit_kernels.numba_backend import pos_emb
+
+        rng = _rng()
+        x = _f32(rng, 4, D)
+        pos = _f32(rng, 8, 8, D)
+        time = pos_emb.time_table(D, 4)
+        items = nl.item_table([[1, 2, 2]])
+        args = [x, pos, time, items, np.int32(1), np.int32(4), np.int32(D), np.int32(8), np.int32(8)]
+        names = ["x", "pos_weight", "time", "items", "", "", "", "", ""]
+        return pos_emb.KERNELS[mode], 1, 128, args, names, None
+
+    return TraceJob(f"pos_emb_{mode}", rf"add_pos_emb_{mode}", f"token 0 of a 2x2 item, 8x8 grid, D={D}", launch)
+
+
+def jobs() -> list[TraceJob]:
+    """Every numba trace job (sizes chosen to run in seconds under the simulator)."""
+    return [
+        _gemm_job(1, 16, 16, 48),
+        _gemm_job(2, 16, 16, 48),
+        _gemm_job(3, 64, 64, 32),
+        _attention_v1_job(128, 40),
+        _attention_v2_job(128, 32),
+        _rmsnorm_job(1024),
+        _rope_job(12, 128),
+        _merge_job(1024),
+        _pos_emb_job("bilinear", 1024),
+        _pos_emb_job("bicubic", 1024),
+    ]
+
+
+def run(job: TraceJob) -> trace.TraceResult:
+    """Run one job traced; errors become the result's `error` (the report carries on)."""
+    result = trace.TraceResult(job.name, job.setup)
+    try:
+        kernel, grid, block, args, names, ok = job.launch()
+        names = [n or f"arg{i}" for i, n in enumerate(names)]
+        records = trace.run_traced(kernel, grid, block, args, names)
+        result.sites = trace.merge_sites(trace.analyse(records))
+        if ok is not None and not ok():
+            result.error = "the traced launch computed a wrong result"
+    except Exception as e:  # a kernel the tracer cannot run is reported, not fatal
+        result.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+    return result
+
+
+def matches(job: TraceJob, label: str) -> bool:
+    return re.fullmatch(job.labels, label) is not None
