@@ -28,7 +28,7 @@
 #
 # **Pitfalls other ports hit:** wrong merge order (slot order, or rows and columns swapped); the tanh
 # GELU of the encoder used here (the projector's is the exact erf one); the encoder's eps in the final
-# norm. The kernels are one gather (`kernels/merge.py`) and, for the projector, the GEMM and RMSNorm
+# norm. The kernels are one gather (`numba_backend/merge.py`) and, for the projector, the GEMM and RMSNorm
 # kernels of notebooks 01 and 02 — the erf GELU is a GEMM epilogue.
 
 # %%
@@ -113,7 +113,7 @@ print(inspect.getsource(reference.tpool_patch_merger))
 print(inspect.getsource(reference.projector))
 
 # %% [markdown]
-# ## The merge kernel: `moonvit_kernels/kernels/merge.py`
+# ## The merge kernel: `moonvit_kernels/numba_backend/merge.py`
 #
 # One block per merged token. The block finds its media item in a small int32 table
 # (`launch.item_table`: `t, h, w`, first token, first merged token per item), and each thread owns
@@ -143,6 +143,31 @@ for name, (xs, grid) in {"random, D = 5": (xr, awkward_grid), "final_norm tokens
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     print(f"{name:18s} merged {got.shape}: max error {np.abs(got - want).max():.1e}")
 merged = got
+
+# %% [markdown]
+# ### The CUDA C merge (`cuda_backend/merge.cu`)
+#
+# The same gather, with the per-token search replaced by a precomputed table: `merge_src [M, 4]` =
+# `(base, t, frame_stride, w)`, where `base` is the source token of slot `(0, 0)` in frame 0. A thread's
+# source token is then `base + f·frame_stride + a·w + b` — no division by the item's geometry at run
+# time. Run on the CPU emulator against the same reference:
+
+# %%
+from moonvit_kernels.cuda_backend import emulation
+from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
+
+print((KERNEL_DIR / "merge.cu").read_text(encoding="utf-8"))
+if emulation.compiler() is None:
+    print("no C++ compiler (g++ >= 11) here: the CUDA C emulator cannot run")
+else:
+    src_table = emulation.merge_sources(awkward_grid, (kh, kw))
+    print("merge_src rows (base, t, frame_stride, w) of the first 3 merged tokens:", src_table[:3].tolist())
+    got_c = emulation.tpool_merge(xr, src_table, (kh, kw))
+    want_c = np.concatenate(
+        [m.reshape(m.shape[0], -1) for m in reference.tpool_patch_merger(xr.astype(np.float64), awkward_grid, (kh, kw))]
+    )
+    np.testing.assert_allclose(got_c, want_c, rtol=1e-6, atol=1e-6)
+    print(f"CPU emulator of merge.cu, random D = 5: max error {np.abs(got_c - want_c).max():.1e}")
 
 # %% [markdown]
 # ## Pictures: the temporal mean and the slot order
@@ -206,6 +231,34 @@ display(Markdown(markdown_table(["step", "shape", "max rel. error vs float64"], 
 # %%
 error_heatmap(out, want, title="projector output (kernels) vs float64 reference")
 
+
+# %% [markdown]
+# ## Fusion: bytes that never touch memory
+#
+# Each kernel boundary is a round trip through DRAM: the producer writes its output, the consumer reads it
+# back. Two such round trips in this model can be removed by *fusing* the cheap step into its neighbour:
+#
+# - **merge → projector GEMM**: instead of writing `merged [M, 4D]` and reading it as the GEMM's A operand,
+#   the GEMM's A-tile load gathers straight from `x [L, D]` through the merge index (you write that kernel
+#   in exercise B below; the tiled version does the same inside its A-tile load). Saves one write and one
+#   read of `merged`.
+# - **RoPE → QKV GEMM epilogue**: the `wqkv` GEMM writes `qkv [L, 3Q]`, then RoPE reads and rewrites the q
+#   and k thirds in place. Rotating in the GEMM's epilogue (a thread that owns output columns `2p, 2p + 1`
+#   of q or k rotates the pair before storing it) saves one read and one write of `[L, 2Q]`, per layer.
+#
+# Bytes saved for K3 on one 896×896 image (fp32 activations; the bf16 backend halves every number):
+
+# %%
+k3 = VisionConfig.k3()
+L3, M3 = 64 * 64, 32 * 32
+D3, Q3, n3 = k3.vt_hidden_size, k3.qkv_hidden_size, k3.vt_num_hidden_layers
+saved = {
+    "merge gather fused into the projector's A load": 2 * M3 * 4 * D3 * 4,
+    "RoPE fused into the wqkv epilogue (27 layers)": n3 * 2 * L3 * 2 * Q3 * 4,
+}
+rows = [[name, f"{b / 2**20:,.1f} MiB", f"{b / 4.8e12 * 1e6:,.1f} µs"] for name, b in saved.items()]
+display(Markdown(markdown_table(["fusion", "DRAM traffic saved", "at 4.8 TB/s (H200 datasheet)"], rows)))
+print("(one kernel launch saved per fusion too, ~2-5 µs each; datasheet bandwidth, not measured here)")
 
 # %% [markdown]
 # ## The pitfalls, measured
