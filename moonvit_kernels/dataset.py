@@ -1,0 +1,611 @@
+"""`encode-dataset`: a folder / glob / Parquet list of images -> Parquet shards of embeddings, on Ray Data.
+
+    summary = encode_dataset("photos/", weights="ckpt/", out="embeddings/", batch_tokens=16384)
+
+Pipeline (Ray Data, streamed):
+
+    plan (driver)      list the sources in a fixed order, cut them into shards of `rows_per_shard`;
+                       shards already in DST (same image ids, same settings) are skipped
+    decode (CPU tasks) read + `preprocess.preprocess_images` one image -> float32 patches, grid (1, h, w);
+                       an unreadable image becomes an error row, never an exception
+    encode (actors)    one `MoonViT` per actor, weights loaded once in the actor; each call packs many
+                       images up to `batch_tokens` patches into one forward (block-diagonal attention
+                       through grid_thws); one actor per GPU (`num_gpus=1`), or CPU actors on the numpy
+                       backend when the cluster has no GPU
+    write (driver)     rows are gathered per shard as they stream in; a complete shard is written to
+                       `shard-NNNNN.parquet` (temporary name, then renamed: a shard file is complete or
+                       absent) with its bad images in `shard-NNNNN.errors.jsonl`
+
+At the end `errors.jsonl` (every bad image with the reason) and `manifest.json` (settings, shards,
+counts, throughput) are written. Ray runs locally by default (`ray.init`), or joins the cluster named
+by `RAY_ADDRESS`; on a cluster `moonvit_kernels` must be installed on every node and the weights
+path readable from every node (shared storage); DST is written by the driver.
+
+Shard schema (one row per good image): `id` string, `path` string, `width`/`height` int32 (original
+size), `grid_thws` fixed_size_list<int64, 3>, `num_tokens` int32, `embedding`
+list<fixed_size_list<float32, text_hidden>> (= `[num_tokens, text_hidden]`, the model's dtype kept).
+`read_embeddings(DST)` reads them back as NumPy.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SHARD_PREFIX = "shard-"
+MANIFEST = "manifest.json"
+ERRORS = "errors.jsonl"
+METADATA_KEY = b"moonvit_kernels"
+FORMAT = "moonvit_kernels encode-dataset 1"
+DEFAULT_ROWS_PER_SHARD = 256
+DEFAULT_BATCH_TOKENS = 16384
+
+
+def require_ray() -> Any:
+    """The `ray` module; ImportError with the install hint when the `[ray]` extra is missing."""
+    try:
+        import pyarrow  # noqa: F401
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"encode-dataset needs Ray Data and pyarrow: pip install -e '.[ray]' ({e})") from None
+    return ray
+
+
+def init_ray(num_cpus: int | None = None, attempts: int = 3) -> None:
+    """`ray.init`: the cluster named by `RAY_ADDRESS`, else a local Ray with `num_cpus` CPUs (all by
+    default) and no dashboard. A local node that misses Ray's fixed 30 s start-up deadline (a
+    heavily loaded machine) is started again, up to `attempts` times."""
+    ray = require_ray()
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init()
+        return
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            return
+        except Exception as e:  # noqa: BLE001 — Ray raises a bare Exception for the start-up timeout
+            ray.shutdown()
+            if attempt == attempts or "timed out during startup" not in str(e):
+                raise
+
+
+# ============================================================================ sources
+@dataclass(frozen=True)
+class Source:
+    """One image to encode: a stable `id`, a `path` (may be empty) and/or its encoded `data` bytes."""
+
+    id: str
+    path: str
+    data: bytes = b""
+
+
+def image_extensions() -> set[str]:
+    """File suffixes PIL can open (".png", ".jpg", ...), lower case."""
+    from PIL import Image
+
+    return {ext.lower() for ext in Image.registered_extensions()}
+
+
+def list_sources(src: str | os.PathLike) -> list[Source]:
+    """SRC -> sources in a fixed order.
+
+    - a folder: every file below it with an image suffix (recursive, sorted), id = relative path;
+    - a Parquet file: a `path` and/or `bytes` column (bytes win when both), optional `id` column
+      (default: the path, else `row<N>`);
+    - otherwise a glob pattern (`**` allowed): the matching files, sorted, id = the path.
+    ValueError when SRC names nothing or yields duplicate ids."""
+    text = str(src)
+    path = Path(text)
+    if path.is_dir():
+        exts = image_extensions()
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in exts)
+        sources = [Source(p.relative_to(path).as_posix(), str(p)) for p in files]
+    elif path.is_file() and path.suffix.lower() == ".parquet":
+        sources = _parquet_sources(path)
+    elif any(ch in text for ch in "*?["):
+        sources = [Source(p, p) for p in sorted(glob.glob(text, recursive=True)) if os.path.isfile(p)]
+    elif path.is_file():
+        raise ValueError(f"{src}: SRC must be a folder of images, a glob pattern or a .parquet file of paths/bytes")
+    else:
+        raise ValueError(f"{src}: no such folder or Parquet file, and not a glob pattern")
+    if not sources:
+        raise ValueError(f"{src}: no images found")
+    seen: set[str] = set()
+    for s in sources:
+        if s.id in seen:
+            raise ValueError(f"{src}: image id {s.id!r} appears twice; ids must be unique")
+        seen.add(s.id)
+    return sources
+
+
+def _parquet_sources(path: Path) -> list[Source]:
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(path).names
+    if "path" not in names and "bytes" not in names:
+        raise ValueError(f"{path}: a Parquet source needs a 'path' or a 'bytes' column (has {names})")
+    table = pq.read_table(path, columns=[c for c in ("id", "path", "bytes") if c in names])
+    n = table.num_rows
+    paths = [str(p) if p is not None else "" for p in table["path"].to_pylist()] if "path" in names else [""] * n
+    data = [b or b"" for b in table["bytes"].to_pylist()] if "bytes" in names else [b""] * n
+    if "id" in names:
+        ids = [str(i) for i in table["id"].to_pylist()]
+    else:
+        ids = [p if p else f"row{i}" for i, p in enumerate(paths)]
+    return [Source(i, p, d) for i, p, d in zip(ids, paths, data, strict=True)]
+
+
+# ============================================================================ shard plan
+@dataclass(frozen=True)
+class Shard:
+    """Shard `number` holds the sources `start:stop` of the ordered list; `key` fingerprints its ids + settings."""
+
+    number: int
+    start: int
+    stop: int
+    key: str
+
+    @property
+    def name(self) -> str:
+        return f"{SHARD_PREFIX}{self.number:05d}"
+
+
+def plan_shards(sources: list[Source], rows_per_shard: int, settings_key: str) -> list[Shard]:
+    """Consecutive shards of `rows_per_shard` sources; each keyed by sha256(settings, its ids)."""
+    if rows_per_shard < 1:
+        raise ValueError(f"rows_per_shard must be >= 1, got {rows_per_shard}")
+    shards = []
+    for number, start in enumerate(range(0, len(sources), rows_per_shard)):
+        stop = min(len(sources), start + rows_per_shard)
+        h = hashlib.sha256(settings_key.encode())
+        for s in sources[start:stop]:
+            h.update(b"\0" + s.id.encode())
+        shards.append(Shard(number, start, stop, h.hexdigest()))
+    return shards
+
+
+def shard_is_done(out: Path, shard: Shard) -> bool:
+    """True when `out` holds this shard's Parquet file and errors file, made for the same ids and settings."""
+    import pyarrow.parquet as pq
+
+    parquet, errors = out / f"{shard.name}.parquet", out / f"{shard.name}.errors.jsonl"
+    if not (parquet.is_file() and errors.is_file()):
+        return False
+    try:
+        meta = pq.read_schema(parquet).metadata or {}
+        return json.loads(meta.get(METADATA_KEY, b"{}")).get("key") == shard.key
+    except Exception:  # noqa: BLE001 — an unreadable shard is redone
+        return False
+
+
+def settings_fingerprint(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def weights_identity(weights: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint's config and its files' names and sizes (cheap; detects a swapped checkpoint)."""
+    path = Path(weights).resolve()
+    folder = path if path.is_dir() else path.parent
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".json")) if folder.is_dir() else []
+    return {"path": str(path), "files": {p.name: p.stat().st_size for p in files}}
+
+
+# ============================================================================ decode (CPU tasks)
+def decode_row(row: dict[str, Any], limits: dict[str, Any], weights: str) -> dict[str, Any]:
+    """One source row -> preprocessed patches (float32 bytes) and its grid, or an `error` reason."""
+    from .preprocess import preprocess_images
+    from .weights import load_config
+
+    config = _cached_config(weights, load_config)
+    out = {k: row[k] for k in ("shard", "index", "id", "path")}
+    out.update(width=0, height=0, t=0, h=0, w=0, pixels=b"", error="")
+    try:
+        data = row["data"]
+        if data:
+            import io
+
+            from PIL import Image
+
+            with Image.open(io.BytesIO(data)) as opened:
+                opened.load()
+                image = opened.copy()
+        else:
+            image = row["path"]
+        item = preprocess_images(image, config, **limits)
+    except Exception as e:  # noqa: BLE001 — a bad image is recorded, never raised
+        out["error"] = f"{type(e).__name__}: {' '.join(str(e).split())}"
+        return out
+    plan = item.plans[0]
+    t, h, w = (int(v) for v in item.grid_thws[0])
+    out.update(width=plan.width, height=plan.height, t=t, h=h, w=w, pixels=item.pixel_values.tobytes())
+    return out
+
+
+_CONFIGS: dict[str, Any] = {}
+
+
+def _cached_config(weights: str, load: Callable[[str], Any]) -> Any:
+    if weights not in _CONFIGS:
+        _CONFIGS[weights] = load(weights)
+    return _CONFIGS[weights]
+
+
+# ============================================================================ encode (actors)
+def pack(token_counts: list[int], budget: int) -> list[list[int]]:
+    """Greedy packing in order: consecutive indices whose token counts sum to at most `budget`
+    (an item larger than the budget goes alone)."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i, n in enumerate(token_counts):
+        if current and used + n > budget:
+            groups.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += n
+    if current:
+        groups.append(current)
+    return groups
+
+
+class Encoder:
+    """A Ray Data actor: loads the checkpoint once, encodes packed batches of decoded rows."""
+
+    def __init__(self, weights: str, backend: str, batch_tokens: int):
+        from .model import MoonViT
+        from .weights import load_checkpoint
+
+        config, w = load_checkpoint(weights)
+        self.model = MoonViT(config, w, backend=backend)
+        self.config = config
+        self.batch_tokens = batch_tokens
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Rows in, the same rows out with `embedding` (bytes), `dtype`, `num_tokens` added."""
+        n = len(batch["id"])
+        embeddings: list[bytes] = [b""] * n
+        dtypes = [""] * n
+        tokens = [0] * n
+        errors = [str(e) for e in batch["error"]]
+        good = [i for i in range(n) if not errors[i]]
+        p = self.config.patch_size
+        grids = {i: (int(batch["t"][i]), int(batch["h"][i]), int(batch["w"][i])) for i in good}
+        sizes = [int(np.prod(grids[i])) for i in good]
+        for group in pack(sizes, self.batch_tokens):
+            rows = [good[j] for j in group]
+            pixels = [np.frombuffer(batch["pixels"][i], dtype=np.float32).reshape(-1, 3, p, p) for i in rows]
+            try:
+                outputs = self._forward(pixels, [grids[i] for i in rows])
+            except Exception:  # noqa: BLE001 — one bad item must not sink the pack: retry one by one
+                outputs = []
+                for i, pv in zip(rows, pixels, strict=True):
+                    try:
+                        outputs += self._forward([pv], [grids[i]])
+                    except Exception as e:  # noqa: BLE001
+                        errors[i] = f"encode failed: {type(e).__name__}: {' '.join(str(e).split())}"
+                        outputs.append(None)
+            for i, o in zip(rows, outputs, strict=True):
+                if o is not None:
+                    embeddings[i], dtypes[i], tokens[i] = o.tobytes(), str(o.dtype), int(o.shape[0])
+        keep = ("shard", "index", "id", "path", "width", "height", "t", "h", "w")
+        out = {k: batch[k] for k in keep}
+        out["error"] = np.array(errors, dtype=object)
+        out["embedding"] = np.array(embeddings, dtype=object)
+        out["dtype"] = np.array(dtypes, dtype=object)
+        out["num_tokens"] = np.array(tokens, dtype=np.int64)
+        return out
+
+    def _forward(self, pixels: list[np.ndarray], grids: list[tuple[int, int, int]]) -> list[np.ndarray]:
+        outputs = self.model(np.concatenate(pixels), np.asarray(grids, dtype=np.int64), as_numpy=True)
+        return [np.ascontiguousarray(o) for o in outputs]
+
+
+# ============================================================================ write (driver)
+def shard_table(rows: list[dict[str, Any]], text_hidden: int, metadata: dict[str, Any]) -> Any:
+    """Good rows (sorted by index) -> the shard's Arrow table (schema in the module docstring)."""
+    import pyarrow as pa
+
+    dtype = np.dtype(rows[0]["dtype"]) if rows else np.dtype(np.float32)
+    counts = [int(r["num_tokens"]) for r in rows]
+    flat = (
+        np.concatenate([np.frombuffer(r["embedding"], dtype=dtype) for r in rows]) if rows else np.zeros(0, dtype=dtype)
+    )
+    per_token = pa.FixedSizeListArray.from_arrays(pa.array(flat), text_hidden)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    embedding = pa.ListArray.from_arrays(offsets, per_token)
+    grids = np.array([[r["t"], r["h"], r["w"]] for r in rows], dtype=np.int64).reshape(-1)
+    table = pa.table(
+        {
+            "id": pa.array([str(r["id"]) for r in rows], pa.string()),
+            "path": pa.array([str(r["path"]) for r in rows], pa.string()),
+            "width": pa.array([int(r["width"]) for r in rows], pa.int32()),
+            "height": pa.array([int(r["height"]) for r in rows], pa.int32()),
+            "grid_thws": pa.FixedSizeListArray.from_arrays(pa.array(grids, pa.int64()), 3),
+            "num_tokens": pa.array(counts, pa.int32()),
+            "embedding": embedding,
+        }
+    )
+    return table.replace_schema_metadata({METADATA_KEY: json.dumps(metadata).encode()})
+
+
+def write_shard(out: Path, shard: Shard, rows: list[dict[str, Any]], text_hidden: int) -> dict[str, Any]:
+    """Write the shard's errors file, then its Parquet file under a temporary name renamed into place."""
+    import pyarrow.parquet as pq
+
+    rows = sorted(rows, key=lambda r: int(r["index"]))
+    good = [r for r in rows if not r["error"]]
+    bad = [r for r in rows if r["error"]]
+    errors_path = out / f"{shard.name}.errors.jsonl"
+    tmp = errors_path.with_suffix(".tmp")
+    tmp.write_text("".join(_error_line(r, shard) for r in bad))
+    os.replace(tmp, errors_path)
+    metadata = {"shard": shard.number, "key": shard.key, "rows": len(good), "errors": len(bad)}
+    table = shard_table(good, text_hidden, metadata)
+    final = out / f"{shard.name}.parquet"
+    tmp = final.with_suffix(".parquet.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, final)
+    return {
+        "file": final.name,
+        "rows": len(good),
+        "errors": len(bad),
+        "tokens": int(sum(r["num_tokens"] for r in good)),
+    }
+
+
+def _error_line(row: dict[str, Any], shard: Shard) -> str:
+    return (
+        json.dumps({"id": str(row["id"]), "path": str(row["path"]), "shard": shard.number, "reason": row["error"]})
+        + "\n"
+    )
+
+
+def read_embeddings(out: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every embedding in DST's shards: id -> `[num_tokens, text_hidden]` array (dtype as written)."""
+    import pyarrow.parquet as pq
+
+    result = {}
+    for path in sorted(Path(out).glob(f"{SHARD_PREFIX}*.parquet")):
+        table = pq.read_table(path, columns=["id", "embedding"])
+        column = table["embedding"].combine_chunks()
+        width = column.type.value_type.list_size
+        for i, image_id in enumerate(table["id"].to_pylist()):
+            values = column[i].values.flatten().to_numpy(zero_copy_only=False)
+            result[image_id] = values.reshape(-1, width)
+    return result
+
+
+# ============================================================================ the run
+@dataclass
+class Summary:
+    """What a run did: counts, seconds, and where the manifest and errors are."""
+
+    images: int
+    encoded: int
+    errors: int
+    skipped_shards: int
+    written_shards: int
+    tokens: int
+    seconds: float
+    manifest: Path
+    errors_file: Path
+
+    @property
+    def images_per_second(self) -> float:
+        done = self.encoded + self.errors
+        return done / self.seconds if self.seconds > 0 else 0.0
+
+
+def encode_dataset(
+    src: str | os.PathLike,
+    weights: str | os.PathLike,
+    out: str | os.PathLike,
+    backend: str = "auto",
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
+    actors: int | None = None,
+    num_cpus: int | None = None,
+    in_patch_limit: int | None = None,
+    patch_limit_on_one_side: int | None = None,
+    progress: bool = True,
+) -> Summary:
+    """Encode every image of `src` into Parquet shards under `out` (see the module docstring).
+
+    `actors`: encoder actors (default: one per GPU, or 1 CPU actor without GPUs); `num_cpus`: CPUs of
+    the local Ray started when none is running and `RAY_ADDRESS` is unset (default: all)."""
+    from tqdm import tqdm
+
+    from .model import BACKENDS
+    from .weights import load_config
+
+    ray = require_ray()
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
+    if batch_tokens < 1:
+        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+    if actors is not None and actors < 1:
+        raise ValueError(f"actors must be >= 1, got {actors}")
+    weights = str(weights)
+    config = load_config(weights)
+    limits = {"in_patch_limit": in_patch_limit, "patch_limit_on_one_side": patch_limit_on_one_side}
+    limits = {k: v for k, v in limits.items() if v is not None}
+    sources = list_sources(src)
+    settings = {"weights": weights_identity(weights), "limits": limits, "rows_per_shard": rows_per_shard}
+    shards = plan_shards(sources, rows_per_shard, settings_fingerprint(settings))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    pending = [s for s in shards if not shard_is_done(out, s)]
+
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        init_ray(num_cpus)
+    start = time.perf_counter()
+    written: dict[int, dict[str, Any]] = {}
+    try:
+        if pending:
+            written = _run_pipeline(
+                ray, sources, pending, out, weights, backend, batch_tokens, actors, limits, config, progress, tqdm
+            )
+    finally:
+        if started_ray:
+            ray.shutdown()
+    seconds = time.perf_counter() - start
+    return _finish(src, out, shards, written, settings, config, backend, batch_tokens, seconds, len(sources))
+
+
+def _run_pipeline(
+    ray: Any,
+    sources: list[Source],
+    pending: list[Shard],
+    out: Path,
+    weights: str,
+    backend: str,
+    batch_tokens: int,
+    actors: int | None,
+    limits: dict[str, Any],
+    config: Any,
+    progress: bool,
+    tqdm: Any,
+) -> dict[int, dict[str, Any]]:
+    """Run decode -> encode for the pending shards; write each shard as soon as all its rows are in."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # ours counts images; Ray Data's count blocks per operator
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    items = [
+        {"shard": s.number, "index": i, "id": sources[i].id, "path": sources[i].path, "data": sources[i].data}
+        for s in pending
+        for i in range(s.start, s.stop)
+    ]
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
+    cpus = max(1, int(resources.get("CPU", 1)))
+    use_gpu = gpus > 0 and backend != "numpy"
+    if use_gpu:
+        encode_resources = {"num_gpus": 1}
+        pool = ray.data.ActorPoolStrategy(size=actors or gpus)
+    else:
+        if backend == "auto":
+            backend = "numpy"
+        encode_resources = {"num_cpus": max(1, cpus // 2)}
+        pool = ray.data.ActorPoolStrategy(size=actors or 1)
+    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * cpus)))
+    # SPREAD spreads decoding over the nodes, and (remote args differing) keeps Ray Data from fusing
+    # decode into the encoder actors: decoding stays in CPU tasks of its own.
+    ds = ds.map(decode_row, fn_kwargs={"limits": limits, "weights": weights}, num_cpus=1, scheduling_strategy="SPREAD")
+    ds = ds.map_batches(
+        Encoder,
+        fn_constructor_kwargs={"weights": weights, "backend": backend, "batch_tokens": batch_tokens},
+        batch_size=32,
+        batch_format="numpy",
+        compute=pool,
+        **encode_resources,
+    )
+    expected = {s.number: s.stop - s.start for s in pending}
+    by_number = {s.number: s for s in pending}
+    gathered: dict[int, list[dict[str, Any]]] = {s.number: [] for s in pending}
+    written = {}
+    bar = tqdm(total=len(items), desc="images", unit="img", disable=not progress)
+    for row in _rows(ds):
+        number = int(row["shard"])
+        gathered[number].append(row)
+        bar.update(1)
+        if len(gathered[number]) == expected[number]:
+            written[number] = write_shard(out, by_number[number], gathered.pop(number), config.text_hidden_size)
+            bar.set_postfix_str(f"{len(written)}/{len(pending)} shards")
+    bar.close()
+    return written
+
+
+def _rows(ds: Any) -> Iterator[dict[str, Any]]:
+    for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        n = len(batch["id"])
+        for i in range(n):
+            yield {k: v[i] for k, v in batch.items()}
+
+
+def _finish(
+    src: Any,
+    out: Path,
+    shards: list[Shard],
+    written: dict[int, dict[str, Any]],
+    settings: dict[str, Any],
+    config: Any,
+    backend: str,
+    batch_tokens: int,
+    seconds: float,
+    images: int,
+) -> Summary:
+    """Merge the shards' errors into errors.jsonl and write manifest.json."""
+    import pyarrow.parquet as pq
+
+    entries = []
+    error_lines = []
+    for s in shards:
+        errors_text = (out / f"{s.name}.errors.jsonl").read_text()
+        error_lines.append(errors_text)
+        meta = json.loads((pq.read_schema(out / f"{s.name}.parquet").metadata or {})[METADATA_KEY])
+        entries.append(
+            {
+                "file": f"{s.name}.parquet",
+                "first": s.start,
+                "stop": s.stop,
+                "rows": meta["rows"],
+                "errors": meta["errors"],
+                "key": s.key,
+                "status": "written" if s.number in written else "skipped (already done)",
+            }
+        )
+    errors_file = out / ERRORS
+    errors_file.write_text("".join(error_lines))
+    encoded = sum(e["rows"] for e in entries)
+    errors = sum(e["errors"] for e in entries)
+    run_images = sum(w["rows"] + w["errors"] for w in written.values())
+    tokens = sum(w["tokens"] for w in written.values())
+    manifest = {
+        "format": FORMAT,
+        "source": str(src),
+        "settings": settings,
+        "vision_config": config.to_dict(),
+        "backend": backend,
+        "batch_tokens": batch_tokens,
+        "embedding": {"column": "embedding", "shape": ["num_tokens", config.text_hidden_size]},
+        "images": images,
+        "encoded": encoded,
+        "errors": errors,
+        "errors_file": ERRORS,
+        "shards": entries,
+        "last_run": {
+            "shards_written": len(written),
+            "shards_skipped": len(shards) - len(written),
+            "images": run_images,
+            "output_tokens": tokens,
+            "seconds": round(seconds, 3),
+            "images_per_second": round(run_images / seconds, 3) if seconds > 0 else None,
+        },
+    }
+    manifest_path = out / MANIFEST
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return Summary(
+        images=images,
+        encoded=encoded,
+        errors=errors,
+        skipped_shards=len(shards) - len(written),
+        written_shards=len(written),
+        tokens=tokens,
+        seconds=seconds,
+        manifest=manifest_path,
+        errors_file=errors_file,
+    )

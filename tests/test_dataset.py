@@ -1,0 +1,184 @@
+"""encode-dataset on a local Ray (2 CPUs, numpy backend, bundled tiny checkpoint).
+
+30 images of mixed sizes and formats (JPEG, PNG, an RGBA PNG, a grayscale image, a corrupt file):
+every good image's embedding equals single-process `MoonViT` on that image alone to fp32 tolerance
+(packing changes only the GEMMs' row count and OpenBLAS's blocking with it: differences of about
+1e-6 on outputs of size ~1, so rtol = atol = 1e-5; the first image of a pack is bit-identical);
+the corrupt one is in the errors file; a second run after deleting one shard redoes only that shard.
+"""
+
+import json
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from moonvit_kernels import dataset
+from moonvit_kernels.bundled import TINY_DIR
+from moonvit_kernels.model import MoonViT
+from moonvit_kernels.preprocess import preprocess_images
+from moonvit_kernels.weights import load_checkpoint
+
+ray = pytest.importorskip("ray", reason="Ray is the optional [ray] extra: pip install -e '.[ray]'")
+pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow comes with the [ray] extra")
+
+N_IMAGES = 30
+ROWS_PER_SHARD = 8  # 4 shards: 8 + 8 + 8 + 6
+CORRUPT = "07_corrupt.png"
+RGBA = "03_rgba.png"
+
+
+def make_images(folder):
+    """30 image files of random sizes (5..70 px a side), random pixels; one corrupt, one RGBA, one gray."""
+    rng = np.random.default_rng(2026)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(N_IMAGES):
+        w, h = (int(v) for v in rng.integers(5, 71, size=2))
+        pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+        if i == 3:
+            alpha = rng.integers(0, 256, size=(h, w, 1), dtype=np.uint8)
+            Image.fromarray(np.concatenate([pixels, alpha], axis=2)).save(folder / RGBA)
+        elif i == 7:
+            (folder / CORRUPT).write_bytes(b"\x89PNG\r\n\x1a\n" + rng.bytes(200))  # a PNG signature, then noise
+        elif i == 11:
+            Image.fromarray(pixels[:, :, 0]).save(folder / f"{i:02d}_gray.png")
+        elif i % 2:
+            Image.fromarray(pixels).save(folder / f"{i:02d}.jpg", quality=90)
+        else:
+            Image.fromarray(pixels).save(folder / f"{i:02d}.png")
+    (folder / "notes.txt").write_text("not an image: ignored by the folder listing")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    dataset.init_ray(num_cpus=2)  # ray.init(num_cpus=2, include_dashboard=False), retried on a slow start
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("images")
+    make_images(folder)
+    return folder
+
+
+def single_process(folder):
+    """id -> embedding from MoonViT (numpy) on each good image alone, the way `encode` does it."""
+    config, weights = load_checkpoint(TINY_DIR)
+    model = MoonViT(config, weights, backend="numpy")
+    result = {}
+    for path in sorted(folder.iterdir()):
+        if path.suffix != ".txt" and path.name != CORRUPT:
+            item = preprocess_images(path, config)
+            (result[path.name],) = model(item.pixel_values, item.grid_thws, as_numpy=True)
+    return result
+
+
+def test_encode_dataset_matches_single_process_and_resumes(local_ray, images, tmp_path):
+    out = tmp_path / "out"
+    start = time.perf_counter()
+    summary = dataset.encode_dataset(
+        images, TINY_DIR, out, backend="numpy", batch_tokens=600, rows_per_shard=ROWS_PER_SHARD, progress=False
+    )
+    first_seconds = time.perf_counter() - start
+    assert (summary.images, summary.encoded, summary.errors) == (N_IMAGES, N_IMAGES - 1, 1)
+    assert (summary.written_shards, summary.skipped_shards) == (4, 0)
+
+    expected = single_process(images)
+    got = dataset.read_embeddings(out)
+    assert sorted(got) == sorted(expected)
+    worst = 0.0
+    for name, ref in expected.items():
+        assert got[name].dtype == np.float32 and got[name].shape == ref.shape, name
+        np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-5, err_msg=name)
+        worst = max(worst, float(np.abs(got[name] - ref).max()))
+    assert worst < 1e-5
+
+    # The row metadata: original size, grid, token count.
+    table = pq.read_table(out / "shard-00000.parquet")
+    row = {k: v[0] for k, v in table.to_pydict().items() if k != "embedding"}
+    with Image.open(images / row["id"]) as im:
+        assert (row["width"], row["height"]) == im.size
+    t, h, w = row["grid_thws"]
+    assert t == 1 and row["num_tokens"] == (h // 2) * (w // 2) == got[row["id"]].shape[0]
+    assert table.schema.field("embedding").type.value_type.list_size == 40  # text_hidden of the tiny model
+
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert [e["id"] for e in errors] == [CORRUPT]
+    assert "cannot read as an image" in errors[0]["reason"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["encoded"] == N_IMAGES - 1 and manifest["errors"] == 1 and len(manifest["shards"]) == 4
+
+    # Resume: delete one shard, run again: only that shard is redone, with the same values.
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.parquet")}
+    (out / "shard-00002.parquet").unlink()
+    again = dataset.encode_dataset(
+        images, TINY_DIR, out, backend="numpy", batch_tokens=600, rows_per_shard=ROWS_PER_SHARD, progress=False
+    )
+    assert (again.written_shards, again.skipped_shards) == (1, 3)
+    after = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.parquet")}
+    assert {n for n in after if after[n] != before.get(n)} == {"shard-00002.parquet"}
+    regot = dataset.read_embeddings(out)
+    for name in expected:
+        np.testing.assert_array_equal(regot[name], got[name])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [s["status"] for s in manifest["shards"]].count("written") == 1
+    print(f"\nencode-dataset, CPU numpy backend, local Ray 2 CPUs: {N_IMAGES} images in {first_seconds:.1f} s")
+
+
+def test_parquet_source_of_bytes_and_paths(local_ray, images, tmp_path):
+    import pyarrow as pa
+
+    names = sorted(p.name for p in images.iterdir() if p.suffix != ".txt")[:6]
+    table = pa.table(
+        {
+            "id": [f"img{i}" for i in range(len(names))],
+            "bytes": [(images / n).read_bytes() if i % 2 else None for i, n in enumerate(names)],
+            "path": [str(images / n) for n in names],
+        }
+    )
+    src = tmp_path / "list.parquet"
+    pq.write_table(table, src)
+    sources = dataset.list_sources(src)
+    assert [s.id for s in sources] == [f"img{i}" for i in range(6)]
+    assert [bool(s.data) for s in sources] == [False, True] * 3
+    out = tmp_path / "out"
+    summary = dataset.encode_dataset(src, TINY_DIR, out, backend="numpy", rows_per_shard=4, progress=False)
+    expected = single_process(images)
+    got = dataset.read_embeddings(out)
+    assert summary.errors == 0 and len(got) == 6
+    for i, name in enumerate(names):
+        np.testing.assert_allclose(got[f"img{i}"], expected[name], rtol=1e-5, atol=1e-5)
+
+
+def test_sources_from_glob_and_bad_sources(images, tmp_path):
+    assert [s.id for s in dataset.list_sources(str(images / "*.jpg"))] == sorted(
+        str(p) for p in images.glob("*.jpg")
+    )
+    folder = dataset.list_sources(images)
+    assert len(folder) == N_IMAGES and all(s.id != "notes.txt" for s in folder)
+    with pytest.raises(ValueError, match="no such folder or Parquet file"):
+        dataset.list_sources(tmp_path / "missing")
+    with pytest.raises(ValueError, match="no images found"):
+        dataset.list_sources(str(tmp_path / "*.png"))
+    with pytest.raises(ValueError, match="SRC must be a folder"):
+        dataset.list_sources(images / "notes.txt")
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(__import__("pyarrow").table({"name": ["a"]}), bad)
+    with pytest.raises(ValueError, match="needs a 'path' or a 'bytes' column"):
+        dataset.list_sources(bad)
+    dup = tmp_path / "dup.parquet"
+    pq.write_table(__import__("pyarrow").table({"id": ["a", "a"], "path": ["x.png", "y.png"]}), dup)
+    with pytest.raises(ValueError, match="'a' appears twice"):
+        dataset.list_sources(dup)
+
+
+def test_packing_respects_the_budget():
+    assert dataset.pack([5, 5, 5, 20, 1, 1], 10) == [[0, 1], [2], [3], [4, 5]]
+    assert dataset.pack([], 10) == []
+    with pytest.raises(ValueError, match="rows_per_shard"):
+        dataset.plan_shards([dataset.Source("a", "a")], 0, "k")
+    with pytest.raises(ValueError, match="batch_tokens"):
+        dataset.encode_dataset("x", TINY_DIR, "y", batch_tokens=0)
