@@ -14,6 +14,7 @@ from helpers import FP32_EPS, assert_close, fp32_rtol
 
 from moonvit_kernels import reference
 from moonvit_kernels.numba_backend import attention as attn
+from moonvit_kernels.xray import counters
 
 # Launch shapes used here: v1 with 8 threads (several keys per thread), v2 with 8 x 8 tiles, and
 # 5-row x 3-key tiles (3 does not divide head_dim 8 or 24's dims-per-thread evenly with 5 rows).
@@ -210,3 +211,55 @@ def test_rejects_launch_shapes_beyond_static_shared_memory(version):
     cu = np.array([0, 3], dtype=np.int32)
     with pytest.raises(ValueError, match=f"attention v{version} .* bytes of shared memory"):
         attn.attention(qkv, cu, 1, version=version)
+
+
+# ============================================================================ shared-memory banks (host-side)
+def _conflict(words_by_lane: dict[int, int]) -> int:
+    """Wavefronts / ideal of one warp's 4-byte shared access (lane -> word index)."""
+    wavefronts, ideal = counters.wavefronts([(lane, 4 * word, 4) for lane, word in words_by_lane.items()])
+    return wavefronts // ideal
+
+
+def _v2_worst_conflicts(hd: int, bq: int = attn.V2_BLOCK_Q, bk: int = attn.V2_BLOCK_K) -> dict[str, int]:
+    """Worst conflict over all warps and instances of each shared access of attention v2, from the
+    kernel's shapes (`v2_shared_shapes`) and thread layout: threadIdx (x, y) = (key tx, query row ty),
+    tid = ty·bk + tx; tiles are staged row-major by flat index tid + s·(bq·bk)."""
+    (_, q_w), (_, k_w), (_, v_w), (_, s_w) = attn.v2_shared_shapes(hd, bq, bk)
+    nt = bq * bk
+    worst: dict[str, int] = {}
+
+    def note(site: str, words: dict[int, int]) -> None:
+        if words:
+            worst[site] = max(worst.get(site, 0), _conflict(words))
+
+    for warp in range(-(-nt // 32)):
+        lanes = {lane: warp * 32 + lane for lane in range(32) if warp * 32 + lane < nt}
+        tx = {lane: t % bk for lane, t in lanes.items()}
+        ty = {lane: t // bk for lane, t in lanes.items()}
+        for rows, width, site in ((bq, q_w, "q_s store"), (bk, k_w, "k_s store"), (bk, v_w, "v_s store")):
+            for s in range(-(-rows * hd // nt)):
+                idx = {lane: t + s * nt for lane, t in lanes.items() if t + s * nt < rows * hd}
+                note(site, {lane: (i // hd) * width + i % hd for lane, i in idx.items()})
+        for d in range(hd):
+            note("q_s load (QK)", {lane: ty[lane] * q_w + d for lane in lanes})
+            note("k_s load (QK)", {lane: tx[lane] * k_w + d for lane in lanes})
+        note("s_s/p_s store", {lane: ty[lane] * s_w + tx[lane] for lane in lanes})
+        for j in range(bk):
+            note("s_s/p_s load", {lane: ty[lane] * s_w + j for lane in lanes})
+            for k in range(-(-hd // bk)):
+                note("v_s load (PV)", {lane: j * v_w + tx[lane] + k * bk for lane in lanes if tx[lane] + k * bk < hd})
+    return worst
+
+
+@pytest.mark.parametrize("hd", [128, 24, 72, 64])
+def test_v2_shared_accesses_are_at_most_2_way_bank_conflicted(hd):
+    worst = _v2_worst_conflicts(hd)
+    assert len(worst) == 8 and max(worst.values()) <= 2, worst
+
+
+def test_v2_bank_count_sees_an_unpadded_q_tile():
+    """Without the pad, q_s rows 128 floats apart put a warp's two query rows in one bank: 2 words, 2-way;
+    and an unpadded K tile (stride 128) is 16-way. The counter used above sees both."""
+    assert _conflict({lane: (lane // 16) * 128 for lane in range(32)}) == 2
+    assert _conflict({lane: (lane % 16) * 128 for lane in range(32)}) == 16
+    assert attn.v2_shared_shapes(128, 32, 16)[0] == (32, 129)
