@@ -136,7 +136,9 @@ def _run_section(name: str, plan, report: Report, gpu: str | None, run_start: fl
 def _figures(report: Report, gpu: str | None) -> None:
     from .figures import write_figures
 
-    title = f"moonvit_kernels gpu_check, {report.mode}"
+    title = (
+        f"moonvit_kernels gpu_check on {gpu}" if gpu else "moonvit_kernels gpu_check --simulate (CPU: not GPU times)"
+    )
     try:
         write_figures(report.rows, report.out_dir, title)
     except ImportError:
