@@ -8,6 +8,7 @@ the corrupt one is in the errors file; a second run after deleting one shard red
 """
 
 import json
+import os
 import time
 
 import numpy as np
@@ -52,7 +53,17 @@ def make_images(folder):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    dataset.init_ray(num_cpus=2)  # ray.init(num_cpus=2, include_dashboard=False), retried on a slow start
+    """ray.init(num_cpus=2, include_dashboard=False), retried on a slow start.
+
+    Ray's raylet gives its Python agents a fixed 15 s to start; on a machine loaded far beyond its
+    cores that deadline can be missed every time. That (and only that) is a skip, naming the load."""
+    try:
+        dataset.init_ray(num_cpus=2)
+    except Exception as e:  # noqa: BLE001
+        load = os.getloadavg()[0]
+        if "timed out during startup" in str(e) and load > 2 * (os.cpu_count() or 1):
+            pytest.skip(f"local Ray could not start: machine overloaded (load average {load:.1f})")
+        raise
     yield
     ray.shutdown()
 
@@ -154,9 +165,7 @@ def test_parquet_source_of_bytes_and_paths(local_ray, images, tmp_path):
 
 
 def test_sources_from_glob_and_bad_sources(images, tmp_path):
-    assert [s.id for s in dataset.list_sources(str(images / "*.jpg"))] == sorted(
-        str(p) for p in images.glob("*.jpg")
-    )
+    assert [s.id for s in dataset.list_sources(str(images / "*.jpg"))] == sorted(str(p) for p in images.glob("*.jpg"))
     folder = dataset.list_sources(images)
     assert len(folder) == N_IMAGES and all(s.id != "notes.txt" for s in folder)
     with pytest.raises(ValueError, match="no such folder or Parquet file"):
