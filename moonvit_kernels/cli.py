@@ -2,6 +2,7 @@
 
 run     encode the bundled inputs (one image + one 2-frame video) with the bundled tiny checkpoint
 encode  images -> embeddings per image (.npz), on any backend
+encode-dataset  a folder / glob / Parquet list of images -> Parquet shards of embeddings, on Ray Data
 demo    the whole pipeline on the bundled photograph and tiny checkpoint -> PNG pictures
 golden  inputs and every intermediate stage as .npz files, for people porting MoonViT
 info    what a checkpoint holds, from the safetensors headers only (no tensor bytes read)
@@ -203,6 +204,43 @@ def cmd_encode(args: argparse.Namespace) -> int:
             f"-> {arrays[f'image_{i}'].shape}"
         )
     print(f"backend {backend_label(model)}: {len(items)} image(s) in {seconds:.2f} s; wrote {out}")
+    return 0
+
+
+# ============================================================================ encode-dataset
+def cmd_encode_dataset(args: argparse.Namespace) -> int:
+    """Encode a corpus on Ray Data (`moonvit_kernels.dataset`): Parquet shards, errors file, manifest."""
+    from .dataset import encode_dataset
+
+    if not Path(args.weights).exists():
+        raise CLIError(f"{args.weights}: no such checkpoint (expected a directory with config.json and safetensors)")
+    try:
+        summary = encode_dataset(
+            args.src,
+            args.weights,
+            args.out,
+            backend=args.backend,
+            batch_tokens=args.batch_tokens,
+            rows_per_shard=args.rows_per_shard,
+            actors=args.actors,
+            num_cpus=args.num_cpus,
+            progress=not args.quiet,
+            **preprocess_limits(args),
+        )
+    except ImportError as e:
+        raise CLIError(one_line(e)) from None
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        raise CLIError(one_line(e)) from None
+    print(
+        f"{summary.images} images: {summary.encoded} encoded, {summary.errors} unreadable (see {summary.errors_file}); "
+        f"shards: {summary.written_shards} written, {summary.skipped_shards} already done"
+    )
+    done = summary.images_per_second
+    print(
+        f"this run: {summary.tokens} output tokens in {summary.seconds:.1f} s"
+        + (f" ({done:.2f} images/s)" if summary.written_shards else "")
+        + f"; manifest {summary.manifest}"
+    )
     return 0
 
 
@@ -511,6 +549,19 @@ def build_parser() -> argparse.ArgumentParser:
     simulator_flag(enc)
     limits(enc)
     enc.set_defaults(func=cmd_encode)
+
+    ds = sub.add_parser("encode-dataset", help="a folder / glob / Parquet list of images -> Parquet shards (Ray)")
+    ds.add_argument("src", metavar="SRC", help="a folder of images, a glob pattern, or a .parquet of path/bytes")
+    ds.add_argument("--weights", default=str(TINY_DIR), help="checkpoint directory readable by every Ray node")
+    ds.add_argument("--out", required=True, help="output folder of Parquet shards (DST); rerun to resume")
+    ds.add_argument("--backend", default="auto", help="auto (cupy on GPU actors, else numpy), numpy, numba, cupy")
+    ds.add_argument("--batch-tokens", type=int, default=16384, help="most patches packed into one forward")
+    ds.add_argument("--rows-per-shard", type=int, default=256, help="images per output shard (default 256)")
+    ds.add_argument("--actors", type=int, help="encoder actors (default: one per GPU, or 1 on CPUs)")
+    ds.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (ignored with RAY_ADDRESS)")
+    ds.add_argument("--quiet", action="store_true", help="no progress bar")
+    limits(ds)
+    ds.set_defaults(func=cmd_encode_dataset)
 
     demo = sub.add_parser("demo", help="pictures of the whole pipeline on a bundled photograph (no GPU needed)")
     demo.add_argument("--out", default="demo_out", help="output folder (default ./demo_out)")
