@@ -188,7 +188,10 @@ def test_wgmma_from_swizzled_shared_memory(hop, span, n):
         assert np.isnan(early).all()
 
 
-@pytest.mark.parametrize("flags, message", [(1, "without a wgmma.fence"), (2, "issued different operations"), (0, "")])
+@pytest.mark.parametrize(
+    "flags, message",
+    [(1, "without a wgmma.fence"), (2, "issued different operations"), (4, "overwrites shared memory"), (0, "")],
+)
 def test_wgmma_misuse_aborts(hop, flags, message):
     img = np.zeros(8192, np.uint8)
     rc, err = hop.run_forked(hop.wgmma_probe, img, 8, (0, 16, 1024, 128), (4096, 16, 1024, 128), flags=flags)

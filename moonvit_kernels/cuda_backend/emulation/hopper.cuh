@@ -18,12 +18,15 @@
 //     the issue the accumulators read as NaN and the result lands at the issuing thread's
 //     wgmma.wait_group that retires its group; an operation runs only when all 128 threads of the
 //     warpgroup have issued it (their descriptors must agree), and reads shared memory then;
-//     a wgmma after the thread's last retired group must follow a wgmma.fence;
+//     a wgmma after the thread's last retired group must follow a wgmma.fence; a bulk copy into
+//     shared memory that an issued, incomplete wgmma reads is reported as a race;
 //   - setmaxnreg: a no-op with checks (24..256, multiple of 8, the same value across the warpgroup,
 //     .inc never below / .dec never above the current count); an .inc waits until the block's
 //     register pool (registers at entry x threads) has room, so asking for too many deadlocks.
 // Threads blocked on an mbarrier or on an incomplete wgmma park and the scheduler (launch_async)
-// runs the other warps; when nothing can move it reports a deadlock. Every misuse aborts with a
+// runs the other warps; when nothing can move it reports a deadlock. An arrival that completes a
+// phase hands control to the parked threads at once (so a buffer released before its wgmma has
+// read it gets overwritten first). Every misuse aborts with a
 // message on stderr (tests of misuse run in a subprocess).
 #pragma once
 #include <list>
@@ -103,6 +106,7 @@ struct WgOp {  // one wgmma.mma_async of a warpgroup
   int n = 0, scale_d = 1, issued = 0;
   bool done = false;
   std::vector<float*> shadow;  // per thread of the warpgroup: where its accumulators live meanwhile
+  uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};  // shared bytes [lo, hi) of A and B it reads
 };
 struct Shadow {  // accumulators of one wgmma chain of one thread while operations are in flight
   float* regs;
@@ -117,6 +121,7 @@ struct ThreadState {
   std::list<Shadow> shadows;
   int setmaxnreg_calls = 0;
   bool parked = false;
+  bool preempted = false;
 };
 struct Warpgroup {
   std::vector<WgOp> ops;
@@ -139,6 +144,12 @@ inline ThreadState& me() { return g_state->threads[thread_index()]; }
 // A thread that cannot go on yields to the scheduler; it is resumed later to look again.
 inline void park() {
   me().parked = true;
+  swapcontext(&emu::g_cur->ctx, &emu::g_scheduler);
+}
+// A thread whose arrival completed a phase yields so that the threads waiting for that phase run
+// at once (the adversarial order: a stage released too early is refilled before its readers finish).
+inline void preempt() {
+  me().preempted = true;
   swapcontext(&emu::g_cur->ctx, &emu::g_scheduler);
 }
 
@@ -189,7 +200,9 @@ inline void mbar_arrive(uint32_t addr) {
   if (b.pending == 0) fail("mbarrier.arrive: more arrivals than the expected count in one phase");
   --b.pending;
   ++g_state->events;
+  const uint32_t phase = b.phase;
   bar_check_phase(b);
+  if (b.phase != phase) preempt();
 }
 void land_copies(uint32_t bar);  // below, with the tensor maps
 inline bool mbar_try_wait_parity(uint32_t addr, uint32_t parity) {
@@ -260,9 +273,11 @@ inline uint32_t box_bytes(const TensorMap& m) {
   for (uint32_t i = 0; i < m.rank; ++i) n *= m.box[i];
   return n;
 }
+void check_no_reader_in_flight(uint32_t lo, uint32_t hi, const char* who);  // below, with wgmma
 // cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
 inline void tma_load_2d(uint32_t dst, const void* map, int c0, int c1, uint32_t bar) {
   const TensorMap m = read_map(map);
+  check_no_reader_in_flight(dst, dst + box_bytes(m), "cp.async.bulk.tensor");
   if (m.rank != 2) fail("cp.async.bulk.tensor.2d with a tensor map of rank " + std::to_string(m.rank));
   if (dst % 128) fail("cp.async.bulk.tensor: shared destination not 128-byte aligned");
   bar_at(bar, "cp.async.bulk.tensor");
@@ -331,6 +346,26 @@ inline void run_op(int wg, int k) {
   op.done = true;
   ++g_state->events;
 }
+// The shared bytes an operand of `rows` rows x 16 K-major elements occupies: [lo, hi).
+inline void footprint(uint64_t desc, int rows, uint32_t& lo, uint32_t& hi) {
+  const SmemDesc d = decode_desc(desc);
+  lo = UINT32_MAX, hi = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t a = kmajor_addr(d, r, k);
+      lo = std::min(lo, a), hi = std::max(hi, a + 2);
+    }
+}
+// A write to shared bytes [lo, hi) while a wgmma that reads them is in flight (issued by some
+// thread of its warpgroup, not yet complete) is a race: on the GPU the MMA may read either value.
+inline void check_no_reader_in_flight(uint32_t lo, uint32_t hi, const char* who) {
+  for (const Warpgroup& W : g_state->wgs)
+    for (const WgOp& op : W.ops)
+      for (int o = 0; o < 2 && !op.done; ++o)
+        if (lo < op.hi[o] && op.lo[o] < hi)
+          fail(std::string(who) + " overwrites shared memory a wgmma in flight reads (a buffer released before "
+                                  "wgmma.wait_group retired its readers)");
+}
 inline void wgmma_fence() { me().fenced = true; }
 inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d) {
   const int tid = thread_index(), wg = tid / 128;
@@ -351,6 +386,8 @@ inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d) 
   const int k = T.issued++;
   if (int(W.ops.size()) <= k) {
     W.ops.push_back(WgOp{da, db, n, scale_d, 0, false, std::vector<float*>(128, nullptr)});
+    footprint(da, 64, W.ops[k].lo[0], W.ops[k].hi[0]);
+    footprint(db, n, W.ops[k].lo[1], W.ops[k].hi[1]);
   } else {
     const WgOp& o = W.ops[k];
     if (o.da != da || o.db != db || o.n != n || o.scale_d != scale_d)
@@ -466,6 +503,18 @@ void launch_async(dim3 grid, dim3 block, size_t smem, int regs_at_entry, F kerne
           f.ctx.uc_link = &emu::g_scheduler;
           makecontext(&f.ctx, emu::fiber_entry, 0);
         }
+        // Run thread t until it blocks; false if it was parked and parked again with nothing new to see.
+        auto resume = [&](int t) {
+          emu::Fiber& f = b.fibers[t];
+          const bool was_parked = st.threads[t].parked;
+          const uint64_t ev = st.events;
+          st.threads[t].parked = false;
+          emu::g_cur = &f;
+          threadIdx = f.tid;
+          swapcontext(&emu::g_scheduler, &f.ctx);
+          emu::g_cur = nullptr;
+          return !(was_parked && st.threads[t].parked && st.events == ev);
+        };
         for (int sweep = 0;; ++sweep) {
           bool progress = false;
           for (int wi = 0; wi < n / 32; ++wi) {
@@ -474,16 +523,16 @@ void launch_async(dim3 grid, dim3 block, size_t smem, int regs_at_entry, F kerne
               bool moved = false;
               for (int i = 0; i < 32; ++i) {
                 const int t = 32 * w + (round % 2 ? 31 - i : i);
-                emu::Fiber& f = b.fibers[t];
-                if (f.state != emu::RUNNABLE) continue;
-                const bool was_parked = st.threads[t].parked;
-                const uint64_t ev = st.events;
-                st.threads[t].parked = false;
-                emu::g_cur = &f;
-                threadIdx = f.tid;
-                swapcontext(&emu::g_scheduler, &f.ctx);
-                emu::g_cur = nullptr;
-                if (!(was_parked && st.threads[t].parked && st.events == ev)) moved = true;
+                if (b.fibers[t].state != emu::RUNNABLE) continue;
+                moved |= resume(t);
+                if (st.threads[t].preempted) {  // it completed a phase: the waiters go first
+                  st.threads[t].preempted = false;
+                  for (int u = 0; u < n; ++u)
+                    if (b.fibers[u].state == emu::RUNNABLE && st.threads[u].parked) {
+                      resume(u);
+                      st.threads[u].preempted = false;
+                    }
+                }
               }
               int live = 0, at_warp = 0;
               for (int l = 0; l < 32; ++l) {

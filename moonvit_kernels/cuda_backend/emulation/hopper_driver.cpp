@@ -146,10 +146,17 @@ void hop_mbar_deadlock() {
 // (offset from that base, lbo, sbo, mode); each thread starts with acc = init[t][0..n/2), issues one
 // m64nNk16 (n = 128 through the kernels' wrapper, other n through the model directly), and returns
 // its registers in out[t][0..n/2) after the wait and in early[t][...] right after the issue.
-// flags: 1 = skip wgmma.fence, 2 = thread 5 gives a different B descriptor.
+// flags: 1 = skip wgmma.fence, 2 = thread 5 gives a different B descriptor, 4 = thread 0 starts a
+// bulk tensor copy into B's bytes (offset b_desc[0], 128-aligned) before waiting for the wgmma.
 void hop_wgmma_probe(const void* image, int image_bytes, int n, const unsigned* a_desc, const unsigned* b_desc,
                      int scale_d, const float* init, float* out, float* early, int flags) {
-  hx::launch_async(dim3{1, 1, 1}, dim3{128, 1, 1}, 1024 + image_bytes, 168, [&] {
+  alignas(16) static unsigned short g[8 * 64] = {};
+  TmaMap map;
+  const uint64_t dims[2] = {64, 8}, pitch[1] = {128};
+  const uint32_t box[2] = {64, 8};
+  hx::encode_tiled(&map, 2, 2, g, dims, pitch, box, 128, 0, nullptr);
+  const int bar_off = (image_bytes + 7) / 8 * 8;
+  hx::launch_async(dim3{1, 1, 1}, dim3{128, 1, 1}, 1024 + bar_off + 8, 168, [&] {
     unsigned char* s = aligned_smem();
     const int t = threadIdx.x, r = n / 2;
     if (t == 0) std::memcpy(s, image, image_bytes);
@@ -168,6 +175,13 @@ void hop_wgmma_probe(const void* image, int image_bytes, int n, const unsigned* 
       hx::wgmma_issue(acc, n, da, db, scale_d);
     }
     for (int i = 0; i < r; ++i) early[t * r + i] = acc[i];
+    if ((flags & 4) && t == 0) {
+      auto* bar = reinterpret_cast<unsigned long long*>(s + bar_off);
+      mbar_init(bar, 1);
+      mbar_arrive_expect_tx(bar, 1024);
+      tma_load_2d(s + b_desc[0], &map, 0, 0, bar);
+      mbar_wait(bar, 0);
+    }
     wgmma_commit();
     wgmma_wait<0>();
     for (int i = 0; i < r; ++i) out[t * r + i] = acc[i];
