@@ -6,6 +6,7 @@ encode-dataset  a folder / glob / Parquet list of images -> Parquet shards of em
 demo    the whole pipeline on the bundled photograph and tiny checkpoint -> PNG pictures
 golden  inputs and every intermediate stage as .npz files, for people porting MoonViT
 info    what a checkpoint holds, from the safetensors headers only (no tensor bytes read)
+fetch   only the vision tensors of a (sharded, remote) checkpoint, by ranged reads
 
 Errors (unreadable image, incompatible checkpoint, bad arguments) exit with status 2 and one
 line on stderr naming the file.
@@ -447,6 +448,26 @@ def checkpoint_report(path: str | Path) -> tuple[list[str], bool]:
     return lines, ok
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """Fetch only the vision tensors of a checkpoint (hf://, http(s)://, folder) into `--out`."""
+    from .hub import FetchError, fetch
+
+    try:
+        manifest = fetch(args.source, args.out, revision=args.revision, progress=not args.quiet)
+    except FetchError as e:
+        raise CLIError(one_line(e)) from None
+    except OSError as e:
+        raise CLIError(f"{args.source}: {one_line(e)}") from None
+    revision = f" at {manifest['revision']}" if manifest.get("revision") else ""
+    print(
+        f"fetched {len(manifest['tensors'])} vision tensors from {args.source}{revision}: "
+        f"{manifest['vision_bytes']:,} bytes of a {manifest['checkpoint_bytes']:,}-byte checkpoint; "
+        f"{manifest['bytes_read_this_run']:,} bytes read this run (config, index, headers, tensors)"
+    )
+    print(f"wrote {Path(args.out) / 'model.safetensors'}, config.json, manifest.json")
+    return 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """Print `checkpoint_report`; exit status 1 when the tensors do not match the config."""
     lines, ok = checkpoint_report(args.path)
@@ -583,6 +604,13 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="what a checkpoint holds (headers only)")
     info.add_argument("path", help="checkpoint directory, or one .safetensors file")
     info.set_defaults(func=cmd_info)
+
+    fetch = sub.add_parser("fetch", help="only the vision weights of a checkpoint (hf://ORG/REPO, https://, folder)")
+    fetch.add_argument("source", help="hf://ORG/REPO[@REVISION], an http(s):// checkpoint folder URL, or a folder")
+    fetch.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, manifest.json)")
+    fetch.add_argument("--revision", help="branch, tag or commit (hf:// only; default main)")
+    fetch.add_argument("--quiet", action="store_true", help="no progress bar")
+    fetch.set_defaults(func=cmd_fetch)
     return parser
 
 

@@ -237,7 +237,13 @@ def load_config(path: str | os.PathLike) -> VisionConfig:
 
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[VisionConfig, dict[str, np.ndarray]]:
-    """`(config, weights)` from a checkpoint directory holding `config.json`."""
+    """`(config, weights)` from a checkpoint directory holding `config.json`, or from
+    `hf://ORG/REPO[@REVISION]` / an `http(s)://` checkpoint URL: then only the vision tensors are
+    fetched (ranged reads, `moonvit_kernels.hub`) into a cache folder, once, and loaded from there."""
+    if isinstance(path, str) and path.startswith(("hf://", "http://", "https://")):
+        from .hub import fetch_cached
+
+        path = fetch_cached(path)
     config = load_config(path)
     return config, load_weights(path, config)
 

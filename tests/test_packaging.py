@@ -31,6 +31,8 @@ IMPORT_TO_DIST = {
     "ray": {"ray"},
     "pyarrow": {"pyarrow"},
     "ipywidgets": {"ipywidgets"},  # the notebooks' optional explorers
+    "fsspec": {"fsspec"},
+    "huggingface_hub": {"huggingface_hub", "huggingface-hub"},
     "pytest": {"pytest"},
     "nbformat": {"nbformat"},
     "nbclient": {"nbclient"},
@@ -44,6 +46,7 @@ TOOLS = {
     "ruff": ("tests/test_style.py", 'shutil.which("ruff")'),
     "ipykernel": ("tests/test_notebooks.py", 'kernel_name="python3"'),
     "jupyterlab": ("CONTRIBUTING.md", "in Jupyter"),
+    "aiohttp": ("moonvit_kernels/hub.py", 'fsspec.filesystem("http")'),  # fsspec's HTTP file system runs on it
 }
 # the package's own modules that tests, scripts and notebooks import as top-level names
 LOCAL = {SELF, "helpers", "cuda_kernel_checks", "conftest"}

@@ -1,0 +1,330 @@
+"""Fetching only the vision weights, offline: a sharded checkpoint with a large (sparse) fake decoder,
+served by an HTTP server on 127.0.0.1 that honours Range and counts the bytes it sends."""
+
+import json
+import re
+import struct
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+pytest.importorskip("fsspec", reason="the hub extra (fsspec) is not installed")
+pytest.importorskip("aiohttp", reason="the hub extra (aiohttp, for fsspec's HTTP file system) is not installed")
+
+from safetensors import safe_open
+
+from moonvit_kernels import cli, hub
+from moonvit_kernels import weights as W
+from moonvit_kernels.config import VisionConfig
+
+CFG = VisionConfig.tiny()
+DECODER_BYTES = 512 * 2**20  # per decoder shard, a hole in the file (no disk blocks)
+
+
+# ============================================================================ the checkpoint
+def write_shard(path: Path, tensors: dict) -> None:
+    """A safetensors file by hand: values are arrays, or (dtype tag, shape) for a hole of that size."""
+    header, offset, blobs = {}, 0, []
+    for name, value in tensors.items():
+        if isinstance(value, tuple):
+            tag, shape = value
+            size = 2 * int(np.prod(shape))
+            blobs.append((offset, None))
+        else:
+            tag, shape = "BF16", value.shape
+            data = np.ascontiguousarray(value, dtype=ml_dtypes.bfloat16).tobytes()
+            size = len(data)
+            blobs.append((offset, data))
+        header[name] = {"dtype": tag, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps({"__metadata__": {"format": "pt"}, **header}).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        start = f.tell()
+        for where, data in blobs:
+            if data is not None:
+                f.seek(start + where)
+                f.write(data)
+        f.truncate(start + offset)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """Three shards: vision + decoder, decoder only, vision + a small decoder tensor; bf16 throughout."""
+    root = tmp_path_factory.mktemp("k3")
+    wts = W.random_weights(CFG, seed=11)
+    names = sorted(wts)
+    rows = DECODER_BYTES // (2 * 4096)
+    shards = {
+        "model-00001-of-00003.safetensors": {
+            **{n: wts[n] for n in names[:7]},
+            "language_model.layers.0.mlp.weight": ("BF16", (rows, 4096)),
+        },
+        "model-00002-of-00003.safetensors": {"language_model.layers.1.mlp.weight": ("BF16", (rows, 4096))},
+        "model-00003-of-00003.safetensors": {
+            "language_model.embed.weight": ("BF16", (64, 32)),
+            **{n: wts[n] for n in names[7:]},
+        },
+    }
+    weight_map = {}
+    for shard, tensors in shards.items():
+        write_shard(root / shard, tensors)
+        weight_map.update(dict.fromkeys(tensors, shard))
+    (root / W.INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    (root / "config.json").write_text(json.dumps({"model_type": "kimi_k3", "vision_config": CFG.to_dict()}))
+    return root
+
+
+def raw_tensors(path: Path) -> dict[str, np.ndarray]:
+    """Every vision tensor of a checkpoint folder in its stored dtype, viewed as raw bits."""
+    out = {}
+    for shard in sorted(path.glob("*.safetensors")):
+        with safe_open(str(shard), framework="np") as f:
+            for k in f.keys():
+                if W.is_vision_key(k):
+                    t = f.get_tensor(k)
+                    out[k] = (t.dtype.name, np.ascontiguousarray(t).view(np.uint8).copy())
+    return out
+
+
+def expected_reads(root: Path, manifest: dict) -> int:
+    """config.json + index + each vision shard's header + the vision tensors' bytes."""
+    return (
+        (root / "config.json").stat().st_size
+        + (root / W.INDEX_NAME).stat().st_size
+        + sum(manifest["header_bytes"].values())
+        + manifest["vision_bytes"]
+    )
+
+
+# ============================================================================ the server
+class RangeServer(ThreadingHTTPServer):
+    """Serves a folder on 127.0.0.1; honours `Range: bytes=a-b` unless told not to; counts body bytes;
+    can drop the connection after `fail_after` more body bytes."""
+
+    daemon_threads = True
+
+    def __init__(self, root: Path, honour_range: bool = True):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.root, self.honour_range = root, honour_range
+        self.bytes_served = 0
+        self.fail_after: int | None = None
+        self.requested: list[str] = []
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/ckpt"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _file(self) -> Path | None:
+        rel = unquote(urlparse(self.path).path)
+        if not rel.startswith("/ckpt/"):
+            return None
+        path = self.server.root / rel.removeprefix("/ckpt/")
+        return path if path.is_file() else None
+
+    def _missing(self) -> None:
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_HEAD(self):
+        path = self._file()
+        if path is None:
+            return self._missing()
+        self.send_response(200)
+        self.send_header("Content-Length", str(path.stat().st_size))
+        if self.server.honour_range:
+            self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+
+    def do_GET(self):
+        path = self._file()
+        if path is None:
+            return self._missing()
+        size = path.stat().st_size
+        start, end = 0, size
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        if m and self.server.honour_range:
+            start, end = int(m.group(1)), min(size, int(m.group(2)) + 1 if m.group(2) else size)
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(end - start))
+        self.end_headers()
+        with self.server.lock:
+            self.server.requested.append(path.name)
+        with open(path, "rb") as f:
+            f.seek(start)
+            left = end - start
+            while left:
+                data = f.read(min(left, 2**20))
+                with self.server.lock:
+                    budget = self.server.fail_after
+                    if budget is not None and budget < len(data):
+                        data, self.server.fail_after = data[:budget], None
+                        cut = True
+                    else:
+                        cut = False
+                        if budget is not None:
+                            self.server.fail_after = budget - len(data)
+                    self.server.bytes_served += len(data)
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client hung up: fine
+                    return
+                if cut:
+                    self.close_connection = True
+                    return
+                left -= len(data)
+
+
+@pytest.fixture
+def server(checkpoint):
+    srv = RangeServer(checkpoint)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+# ============================================================================ tests
+def test_fetch_over_http_reads_only_headers_and_vision_bytes(checkpoint, server, tmp_path):
+    manifest = hub.fetch(server.url, tmp_path / "v", progress=False)
+    total = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
+    assert manifest["checkpoint_bytes"] == total > 2 * DECODER_BYTES
+    assert server.bytes_served == manifest["bytes_read_this_run"] == expected_reads(checkpoint, manifest)
+    assert server.bytes_served < total / 1000
+    assert "model-00002-of-00003.safetensors" not in server.requested  # the decoder-only shard: untouched
+    # bit for bit, original dtypes, and a checkpoint that loads
+    assert raw_tensors(tmp_path / "v").keys() == raw_tensors(checkpoint).keys()
+    for k, (dtype, bits) in raw_tensors(checkpoint).items():
+        got_dtype, got_bits = raw_tensors(tmp_path / "v")[k]
+        assert got_dtype == dtype == "bfloat16"
+        np.testing.assert_array_equal(got_bits, bits)
+    config, got = W.load_checkpoint(tmp_path / "v")
+    assert config == CFG and set(got) == set(W.expected_shapes(CFG))
+    # the manifest: byte ranges and hashes of the source bytes
+    entry = manifest["tensors"]["mm_projector.proj.2.weight"]
+    shard = checkpoint / entry["shard"]
+    a, b = entry["byte_range"]
+    import hashlib
+
+    assert hashlib.sha256(shard.read_bytes()[a:b]).hexdigest() == entry["sha256"]
+    assert json.loads((tmp_path / "v" / hub.MANIFEST_NAME).read_text())["tensors"] == manifest["tensors"]
+    assert not (tmp_path / "v" / hub.PARTS_DIR).exists()
+
+
+def test_a_second_fetch_reads_only_headers(server, checkpoint, tmp_path):
+    first = hub.fetch(server.url, tmp_path / "v", progress=False)
+    server.bytes_served = 0
+    again = hub.fetch(server.url, tmp_path / "v", progress=False)
+    assert (
+        server.bytes_served == again["bytes_read_this_run"] == expected_reads(checkpoint, first) - first["vision_bytes"]
+    )
+
+
+def test_local_folder_gives_the_same_tensors(checkpoint, server, tmp_path):
+    local = hub.fetch(str(checkpoint), tmp_path / "local", progress=False)
+    remote = hub.fetch(server.url, tmp_path / "remote", progress=False)
+    assert local["tensors"] == remote["tensors"]
+    assert local["bytes_read_this_run"] == remote["bytes_read_this_run"]
+
+
+def test_resume_after_an_interrupted_transfer(checkpoint, server, tmp_path):
+    full = hub.fetch(str(checkpoint), tmp_path / "reference", progress=False)
+    overhead = expected_reads(checkpoint, full) - full["vision_bytes"]
+    server.fail_after = overhead + full["vision_bytes"] // 2  # the connection drops half way
+    with pytest.raises(hub.FetchError, match="run the fetch again to resume"):
+        hub.fetch(server.url, tmp_path / "v", progress=False, chunk_bytes=4096)
+    kept = sum(p.stat().st_size for p in (tmp_path / "v" / hub.PARTS_DIR).glob("*.part"))
+    assert 0 < kept < full["vision_bytes"]
+    assert not (tmp_path / "v" / "model.safetensors").exists()
+    server.bytes_served = 0
+    again = hub.fetch(server.url, tmp_path / "v", progress=False, chunk_bytes=4096)
+    assert again["vision_bytes_fetched_this_run"] == full["vision_bytes"] - kept
+    assert server.bytes_served == overhead + full["vision_bytes"] - kept
+    assert again["tensors"] == full["tensors"]  # same sha256 for every tensor
+
+
+def test_fetch_errors_are_clear(checkpoint, server, tmp_path):
+    with pytest.raises(hub.FetchError, match=r"no file config\.json"):
+        hub.fetch(server.url + "/nowhere", tmp_path / "a", progress=False)
+    with pytest.raises(hub.FetchError, match="not a checkpoint folder"):
+        hub.fetch(str(tmp_path / "missing"), tmp_path / "b", progress=False)
+    with pytest.raises(hub.FetchError, match="hf://ORG/REPO"):
+        hub.parse_hf("hf://just-a-name")
+    assert hub.parse_hf("hf://moonshotai/Kimi-K3@v1.0") == ("moonshotai/Kimi-K3", "v1.0")
+
+
+def test_missing_tensor_is_named(checkpoint, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for p in checkpoint.iterdir():
+        (broken / p.name).symlink_to(p)
+    index = json.loads((checkpoint / W.INDEX_NAME).read_text())
+    index["weight_map"]["vision_tower.encoder.blocks.9.wo.weight"] = "model-00001-of-00003.safetensors"
+    (broken / W.INDEX_NAME).unlink()
+    (broken / W.INDEX_NAME).write_text(json.dumps(index))
+    with pytest.raises(hub.FetchError, match=r"blocks\.9\.wo\.weight.*model-00001-of-00003.*does not hold it"):
+        hub.fetch(str(broken), tmp_path / "out", progress=False)
+
+
+def test_a_server_without_range_support_is_refused(checkpoint, tmp_path):
+    srv = RangeServer(checkpoint, honour_range=False)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(hub.FetchError, match="does not support HTTP range requests"):
+            hub.fetch(srv.url, tmp_path / "v", progress=False)
+        # it stopped reading after the first bytes (what socket buffers took), it did not pull a whole shard
+        assert srv.bytes_served < 32 * 2**20 < DECODER_BYTES
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_hf_source_goes_through_the_same_code(checkpoint, tmp_path, monkeypatch):
+    from fsspec.implementations.dirfs import DirFileSystem
+    from fsspec.implementations.local import LocalFileSystem
+
+    repo = tmp_path / "hub" / "moonshotai" / "Kimi-K3@0123abc"
+    repo.parent.mkdir(parents=True)
+    repo.symlink_to(checkpoint, target_is_directory=True)
+    seen = {}
+
+    def fake_hf(name, revision):
+        seen["args"] = (name, revision)
+        return DirFileSystem(str(tmp_path / "hub"), fs=LocalFileSystem()), "0123abc"
+
+    monkeypatch.setattr(hub, "hf_filesystem", fake_hf)
+    manifest = hub.fetch("hf://moonshotai/Kimi-K3@v2", tmp_path / "v", progress=False)
+    assert seen["args"] == ("moonshotai/Kimi-K3", "v2")
+    assert manifest["repo"] == "moonshotai/Kimi-K3" and manifest["revision"] == "0123abc"
+    assert len(manifest["tensors"]) == len(W.expected_shapes(CFG))
+    monkeypatch.setenv("MOONVIT_KERNELS_CACHE", str(tmp_path / "cache"))
+    config, got = W.load_checkpoint("hf://moonshotai/Kimi-K3@v2")
+    assert config == CFG and (tmp_path / "cache" / "moonshotai--Kimi-K3@v2" / "model.safetensors").is_file()
+
+
+def test_cli_fetch(server, tmp_path, capsys):
+    assert cli.main(["fetch", server.url, "--out", str(tmp_path / "v"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "fetched 18 vision tensors" in out and "bytes read this run" in out
+    assert cli.main(["fetch", server.url + "/nowhere", "--out", str(tmp_path / "w"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no file config.json" in err[0]
