@@ -1,9 +1,11 @@
 """Section (b): every kernel version timed against its baseline, and its timed output re-checked.
 
-A `KernelCase` holds one kernel at one shape: `run()` (what is timed), `check()` (a fresh run
-from known inputs compared with a float64 NumPy computation on a sample of rows: GEMM rows and
-attention query rows are independent, so a row sample checks them exactly), the work (FLOPs or
-bytes moved, with the formula) and the baseline it is compared with (`baselines.Baselines`).
+A `KernelCase` holds one kernel at one shape: `run()` (what is timed), `check(go)` (resets the
+inputs and poisons the outputs, calls `go()` to run the kernel once — `run` itself, or `run`
+under a timer when that single run is also the timed one — and compares the result with a
+float64 NumPy computation on a sample of rows: GEMM rows and attention query rows are
+independent, so a row sample checks them exactly), the work (FLOPs or bytes moved, with the
+formula) and the baseline it is compared with (`baselines.Baselines`).
 
 `numba_cases` builds them for the numba.cuda kernels (device arrays; a GPU or the simulator),
 `cuda_cases` for the CUDA C kernels through a launcher module with the API of
@@ -41,7 +43,7 @@ class KernelCase:
     unit: str  # "TFLOP/s" or "GB/s"
     formula: str
     run: Callable[[], Any]
-    check: Callable[[], tuple[float, float]]  # (relative error, tolerance)
+    check: Callable[[Callable[[], Any]], tuple[float, float]]  # check(go): reset, go() runs the kernel, compare
     baseline: tuple[Any, ...]  # arguments of Baselines.get
 
 
@@ -170,12 +172,12 @@ def numba_cases(
                 def run() -> Any:
                     return gemm_k.gemm(a_d, b_d, epilogue=epi, residual=res_d, out=out_d, version=v)
 
-                def check() -> tuple[float, float]:
+                def check(go: Callable[[], Any]) -> tuple[float, float]:
                     if r is not None:
                         out_d.copy_to_device(r)
                     else:
                         out_d.copy_to_device(np.full((M, N), np.nan, np.float32))
-                    run()
+                    go()
                     rows = sample_rows(M)
                     got = out_d.copy_to_host()[rows]
                     return rel_err(got, gemm_want(a[rows], b, epi, None if r is None else r[rows])), TOL_FP32
@@ -209,8 +211,8 @@ def numba_cases(
             def run() -> Any:
                 result["o"], result["lse"] = attention_k.attention(qkv_d, cu, H, version=v, **kw)
 
-            def check() -> tuple[float, float]:
-                run()
+            def check(go: Callable[[], Any]) -> tuple[float, float]:
+                go()
                 rows = sample_rows(L, 32)
                 want_o, want_lse = attention_want(qkv, rows, H, hd)
                 err_o = rel_err(result["o"].copy_to_host()[rows], want_o)
@@ -243,9 +245,9 @@ def numba_cases(
         def run() -> Any:
             return rmsnorm_k.rmsnorm(x_d, w_d, c.vit_norm_eps, out=out_d)
 
-        def check() -> tuple[float, float]:
+        def check(go: Callable[[], Any]) -> tuple[float, float]:
             out_d.copy_to_device(np.full((L, D), np.nan, np.float32))
-            run()
+            go()
             return rel_err(out_d.copy_to_host(), ref.rmsnorm(x.astype(np.float64), w, c.vit_norm_eps)), TOL_FP32
 
         nbytes = 4 * (2 * L * D + D)
@@ -276,9 +278,9 @@ def numba_cases(
         def run() -> Any:
             return rope_k.rope2d(qkv_d, g_d, cu_d, H, hd)
 
-        def check() -> tuple[float, float]:
+        def check(go: Callable[[], Any]) -> tuple[float, float]:
             qkv_d.copy_to_device(qkv)
-            run()
+            go()
             return rel_err(qkv_d.copy_to_host(), rope_want(qkv, grid, H, hd)), TOL_FP32
 
         nbytes = 2 * L * 2 * Q * 4
@@ -309,9 +311,9 @@ def numba_cases(
         def run() -> Any:
             return pos_emb_k.add_position_embedding(x_d, pw_d, t_d, items_d, mode=c.pos_emb_interpolation_mode)
 
-        def check() -> tuple[float, float]:
+        def check(go: Callable[[], Any]) -> tuple[float, float]:
             x_d.copy_to_device(x)
-            run()
+            go()
             want = x.astype(np.float64) + ref.position_embedding(grid, pos_w.astype(np.float64), c)
             return rel_err(x_d.copy_to_host(), want), TOL_FP32
 
@@ -345,9 +347,9 @@ def numba_cases(
         def run() -> Any:
             return merge_k.merge_gather(x_d, items_d, mks, M, out=out_d)
 
-        def check() -> tuple[float, float]:
+        def check(go: Callable[[], Any]) -> tuple[float, float]:
             out_d.copy_to_device(np.full((M, kh * kw * D), np.nan, np.float32))
-            run()
+            go()
             return rel_err(out_d.copy_to_host(), merge_want(x, grid, mks)), TOL_FP32
 
         nbytes = 2 * L * D * 4
@@ -412,9 +414,9 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
             def run() -> Any:
                 return k.gemm(a_d, b_d, epilogue=epi, residual=res, out=out, out_dtype=out_dtype)
 
-            def check() -> tuple[float, float]:
+            def check(go: Callable[[], Any]) -> tuple[float, float]:
                 out[...] = xp.asarray(r) if r is not None else poison((M, N), out_dtype)
-                run()
+                go()
                 rows = sample_rows(M)
                 got = host(out)[rows]
                 want = gemm_want(a[rows], b, epi, None if r is None else r[rows])
@@ -451,8 +453,8 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
             def run() -> Any:
                 result["o"], result["lse"] = k.attention(qkv_d, bounds, H, hd)
 
-            def check() -> tuple[float, float]:
-                run()
+            def check(go: Callable[[], Any]) -> tuple[float, float]:
+                go()
                 rows = sample_rows(L, 32)
                 want_o, want_lse = attention_want(qkv, rows, H, hd)
                 err_o = rel_err(host(result["o"])[rows], want_o)
@@ -486,9 +488,9 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
         def run() -> Any:
             return k.rmsnorm(x_d, w_d, c.vit_norm_eps, out=out, out_dtype="bfloat16")
 
-        def check() -> tuple[float, float]:
+        def check(go: Callable[[], Any]) -> tuple[float, float]:
             out[...] = poison((L, D), "bfloat16")
-            run()
+            go()
             return rel_err(host(out), ref.rmsnorm(x.astype(np.float64), w, c.vit_norm_eps)), TOL_BF16_OUT
 
         nbytes = L * D * (4 + 2) + D * 4
@@ -519,9 +521,9 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
         def run() -> Any:
             return k.rope_inplace(work, tp, freqs, H, hd)
 
-        def check() -> tuple[float, float]:
+        def check(go: Callable[[], Any]) -> tuple[float, float]:
             work[...] = qkv0
-            run()
+            go()
             return rel_err(host(work), rope_want(qkv, grid, H, hd)), TOL_BF16_OUT
 
         nbytes = 2 * L * 2 * Q * 2 + L * 16
@@ -553,9 +555,9 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
         def run() -> Any:
             return k.add_position_embedding_inplace(work, tp, g_d, pw_d, time_tab, c.pos_emb_interpolation_mode)
 
-        def check() -> tuple[float, float]:
+        def check(go: Callable[[], Any]) -> tuple[float, float]:
             work[...] = x0
-            run()
+            go()
             want = x.astype(np.float64) + ref.position_embedding(grid, pos_w.astype(np.float64), c)
             return rel_err(host(work), want), TOL_FP32
 
@@ -586,8 +588,8 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
         def run() -> Any:
             result["out"] = k.tpool_merge(x_d, ms, mks, "bfloat16")
 
-        def check() -> tuple[float, float]:
-            run()
+        def check(go: Callable[[], Any]) -> tuple[float, float]:
+            go()
             return rel_err(host(result["out"]), merge_want(x, grid, mks)), TOL_BF16_OUT
 
         nbytes = L * D * (4 + 2)

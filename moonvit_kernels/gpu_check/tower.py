@@ -83,6 +83,11 @@ class Marks:
 
             e = cuda.event()
             e.record()
+        elif self.kind == "torch":
+            import torch
+
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
         else:
             e = time.perf_counter()
         self.events.append(e)
@@ -95,7 +100,7 @@ class Marks:
 
             ev[-1].synchronize()
             return [cp.cuda.get_elapsed_time(a, b) / 1e3 for a, b in zip(ev[:-1], ev[1:], strict=True)]
-        if self.kind == "numba":
+        if self.kind in ("numba", "torch"):
             ev[-1].synchronize()
             return [a.elapsed_time(b) / 1e3 for a, b in zip(ev[:-1], ev[1:], strict=True)]
         return [b - a for a, b in zip(ev[:-1], ev[1:], strict=True)]
@@ -144,6 +149,7 @@ def run_tower(plan: Plan, report: Report, budget: Budget, gpu: str | None) -> No
         )
 
     backends = _backends(plan, gpu, report)
+    torch_ctx: dict[str, Any] = {"gpu": gpu}
     models: dict[tuple[str, int], Any] = {}
 
     def model(name: str, full: bool) -> Any:
@@ -182,6 +188,7 @@ def run_tower(plan: Plan, report: Report, budget: Budget, gpu: str | None) -> No
             note="1 run; the check reference",
         )
 
+        base = _torch_baseline(plan, report, torch_ctx, case, L, c, weights, pixels, grid, budget)
         full_out: dict[str, np.ndarray] = {}
         for name, (_, kind, where, dtype) in backends.items():
             if name.startswith("numba") and index >= plan.numba_tower_cases:
@@ -242,6 +249,7 @@ def run_tower(plan: Plan, report: Report, budget: Budget, gpu: str | None) -> No
                     c,
                     grid,
                     note="1 run, the checked one (stage copies included)",
+                    baseline=base,
                 )
                 continue
             if budget.spent():
@@ -255,7 +263,7 @@ def run_tower(plan: Plan, report: Report, budget: Budget, gpu: str | None) -> No
                     iv, out = timed_forward(full, pixels, grid, kind)
                     runs.append(iv)
                 full_out[name] = np.concatenate([to_numpy(o) for o in out])
-                _time_rows(report, case, name, where, L, layers, runs, c, grid)
+                _time_rows(report, case, name, where, L, layers, runs, c, grid, baseline=base)
             except Exception as e:
                 report.add_row("tower", item=case, backend=name, where=where, verdict=ERROR, note=_short(e))
                 report.verdict("tower", f"{case} {name} timing run", ERROR, _short(e))
@@ -273,9 +281,14 @@ def _time_rows(
     c: VisionConfig,
     grid: np.ndarray,
     note: str = "",
-) -> None:
+    baseline: tuple[str, float] | None = None,
+) -> float:
+    """Rows for one backend on one case (`runs`: intervals between marks per run); returns the median total."""
     totals = [sum(iv) for iv in runs]
     med = statistics.median(totals)
+    extra = {}
+    if baseline is not None:
+        extra = {"baseline": baseline[0], "baseline_ms": baseline[1] * 1e3, "pct_of_baseline": 100 * baseline[1] / med}
     median_run = runs[min(range(len(runs)), key=lambda i: abs(totals[i] - med))]
     flops = tower_flops(c, grid)
     report.add_row(
@@ -295,7 +308,10 @@ def _time_rows(
         rate=flops / med / 1e12,
         formula=FLOP_FORMULA,
         note=note,
+        **extra,
     )
+    if len(median_run) == 1:  # a single interval: no layer marks (the torch baseline)
+        return med
     for stage, seconds in stage_times(median_run):
         report.add_row(
             "stages",
@@ -308,6 +324,7 @@ def _time_rows(
             shape=f"{layers} layers",
             note="run with the median total",
         )
+    return med
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -393,3 +410,77 @@ def _backends(plan: Plan, gpu: str | None, report: Report) -> dict[str, tuple[Ca
                 dtype,
             )
     return out
+
+
+def _torch_baseline(
+    plan: Plan,
+    report: Report,
+    ctx: dict[str, Any],
+    case: str,
+    L: int,
+    c: VisionConfig,
+    weights: Mapping[str, np.ndarray],
+    pixels: np.ndarray,
+    grid: np.ndarray,
+    budget: Budget,
+) -> tuple[str, float] | None:
+    """Time the tower in PyTorch eager (`torch_tower.torch_forward`: cuBLAS GEMMs + SDPA) as the
+    tower's baseline: bf16 on the GPU, fp32 on the CPU under --simulate. A missing torch, or a
+    failure of the baseline itself, is a note, never a verdict: it says nothing about our kernels."""
+    if ctx.get("unavailable") or budget.spent():
+        return None
+    try:
+        if "torch" not in ctx:
+            import torch
+
+            if plan.simulate:
+                device, dtype, label, kind = "cpu", torch.float32, "torch eager fp32 (CPU)", "host"
+            elif torch.cuda.is_available():
+                device, dtype, label, kind = "cuda", torch.bfloat16, "torch eager bf16 (cuBLAS + SDPA)", "torch"
+            else:
+                raise ImportError(f"torch {torch.__version__} sees no CUDA device")
+            from .torch_tower import torch_weights
+
+            ctx.update(
+                torch=torch,
+                device=device,
+                dtype=dtype,
+                label=label,
+                kind=kind,
+                w=torch_weights(torch, weights, device, dtype),
+            )
+    except Exception as e:
+        ctx["unavailable"] = True
+        report.note(f"tower: no torch baseline ({_short(e)})")
+        return None
+    from .torch_tower import torch_forward
+
+    torch = ctx["torch"]
+
+    class Eager:
+        def forward(self, pv: np.ndarray, g: np.ndarray, on_layer: Any = None) -> Any:
+            return torch_forward(torch, pv, g, weights, c, ctx["device"], ctx["dtype"], ctx["w"])
+
+    print(f"[tower] {case}: {ctx['label']} baseline ...", flush=True)
+    try:
+        with torch.inference_mode():
+            for _ in range(plan.tower_warmup):
+                Eager().forward(pixels, grid)
+            runs = [timed_forward(Eager(), pixels, grid, ctx["kind"])[0] for _ in range(max(1, plan.tower_repeats))]
+    except Exception as e:
+        report.note(f"tower: torch baseline failed on {case} ({_short(e)}); no % of baseline for it")
+        return None
+    where = "CPU" if ctx["device"] == "cpu" else (ctx["gpu"] or "GPU")
+    med = _time_rows(
+        report,
+        case,
+        ctx["label"],
+        where,
+        L,
+        c.vt_num_hidden_layers,
+        runs,
+        c,
+        grid,
+        note="baseline: whole forward, no per-stage marks; not checked",
+    )
+    return ctx["label"], med
