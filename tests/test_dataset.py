@@ -191,3 +191,21 @@ def test_packing_respects_the_budget():
         dataset.plan_shards([dataset.Source("a", "a")], 0, "k")
     with pytest.raises(ValueError, match="batch_tokens"):
         dataset.encode_dataset("x", TINY_DIR, "y", batch_tokens=0)
+
+
+def test_cli_encode_dataset_and_its_errors(local_ray, images, tmp_path, capsys):
+    from moonvit_kernels.cli import main
+
+    out = tmp_path / "cli_out"
+    args = [str(images / "0[0-7]*"), "--out", str(out), "--backend", "numpy", "--rows-per-shard", "3", "--quiet"]
+    assert main(["encode-dataset", *args]) == 0
+    printed = capsys.readouterr().out
+    assert "8 images: 7 encoded, 1 unreadable" in printed and "shards: 3 written, 0 already done" in printed
+    assert main(["encode-dataset", *args]) == 0  # nothing left to do
+    assert "shards: 0 written, 3 already done" in capsys.readouterr().out
+    assert main(["encode-dataset", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+    assert "nothing: no such folder or Parquet file" in capsys.readouterr().err
+    assert main(["encode-dataset", str(images), "--out", str(out), "--weights", str(tmp_path / "w")]) == 2
+    assert "w: no such checkpoint" in capsys.readouterr().err
+    assert main(["encode-dataset", str(images), "--out", str(out), "--batch-tokens", "0"]) == 2
+    assert "batch_tokens must be >= 1" in capsys.readouterr().err
