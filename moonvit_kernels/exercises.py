@@ -193,6 +193,37 @@ def _rope_position_case(rng: np.random.Generator) -> Case:
     )
 
 
+FUSED_H, FUSED_W, FUSED_HEADS, FUSED_HD, FUSED_DIN = 3, 5, 2, 8, 20
+
+
+def _rope_fused_case(rng: np.random.Generator) -> Case:
+    L, Q = FUSED_H * FUSED_W, FUSED_HEADS * FUSED_HD
+    x = _awkward(rng, (L, FUSED_DIN))
+    w = _awkward(rng, (3 * Q, FUSED_DIN), scale=0.3)
+    rows, cols = (v.astype(np.int32) for v in np.divmod(np.arange(L), FUSED_W))
+    plain = x.astype(np.float64) @ w.astype(np.float64).T
+    angles = reference.rope_angles(FUSED_H, FUSED_W, FUSED_HD).astype(np.float64)
+    want = plain.copy()
+    for s in (0, 1):  # q and k are rotated, v is not
+        part = plain[:, s * Q : (s + 1) * Q].reshape(L, FUSED_HEADS, FUSED_HD)
+        want[:, s * Q : (s + 1) * Q] = reference.apply_rope(part, angles).reshape(L, Q)
+    g = _gemm_bound(x, w)
+    pair_g = np.repeat(np.maximum(g[:, 0::2], g[:, 1::2]), 2, axis=1)
+    pair_abs = np.repeat(np.abs(plain[:, 0::2]) + np.abs(plain[:, 1::2]), 2, axis=1)
+    bound = 2 * pair_g + 32 * FP32_EPS * (1 + angles.max()) * pair_abs + 1e-30
+    pairs = 3 * Q // 2
+    return Case(
+        args=[x, w, rows, cols, OUT, np.int32(L), np.int32(FUSED_DIN), np.int32(FUSED_HEADS), np.int32(FUSED_HD)],
+        out_shape=(L, 3 * Q),
+        grid=(_ceil(pairs, GEMM_TILE), _ceil(L, GEMM_TILE)),
+        block=(GEMM_TILE, GEMM_TILE),
+        expected=want,
+        bound=bound,
+        arg_names="x, W, rows, cols, qkv, L, Din, heads, head_dim",
+        axes=("tokens", "columns (q | k | v)"),
+    )
+
+
 # ============================================================================ 04 attention
 ATT_L, ATT_HD = 23, 16
 
@@ -316,6 +347,15 @@ EXERCISES: dict[str, Exercise] = {
             _rope_position_case,
             "Find the item n with cu_seqlens[n] <= l < cu_seqlens[n + 1]; p = (l − cu_seqlens[n]) mod (h·w) "
             "(every frame of a video restarts at (0, 0)); row = p // w, col = p mod w.",
+        ),
+        Exercise(
+            "rope_qkv_epilogue",
+            "03_rope_2d",
+            "fusion: the wqkv GEMM rotates q and k in its epilogue, before the store",
+            _rope_fused_case,
+            "Column c = 2p of q or k (c < 2·Q) sits at dim d = c mod head_dim of its head: frequency i = d // 4, "
+            "and it turns by cols[m]·f_i when d mod 4 < 2 (width pair), by rows[m]·f_i otherwise (height pair). "
+            "Rotate (c0, c1) -> (c0·cos − c1·sin, c0·sin + c1·cos); v columns (c >= 2·Q) are stored as they are.",
         ),
         Exercise(
             "attention_softmax",

@@ -384,6 +384,38 @@ def rope_token_position(grid_thws, cu_seqlens, n_items, pos, L):
 result = check("rope_token_position", rope_token_position)
 
 # %% [markdown]
+# **C.** Fusion (see notebook 05 for the bytes it saves): the `wqkv` GEMM rotates q and k in its epilogue,
+# so `qkv` is written once, already rotated, and the RoPE kernel's read-and-rewrite of `[L, 2Q]` disappears.
+# Each thread computes the *pair* of output columns `2p, 2p + 1` (a rotation needs both); for q and k
+# columns (`2p < 2Q`) it rotates them before the store, v columns are stored as they are. 2 heads of
+# `head_dim = 8` on a 3×5 grid; the placeholder stores the pair unrotated.
+
+
+# %%
+# YOUR TURN: rope_qkv_epilogue — launched by check() as rope_qkv_epilogue[(⌈3Q/32⌉, ⌈L/16⌉), (16, 16)](x, W, rows, cols, qkv, L, Din, heads, head_dim)
+@cuda.jit
+def rope_qkv_epilogue(x, W, rows, cols, qkv, L, Din, heads, head_dim):
+    p = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x  # output columns 2p and 2p + 1
+    m = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y  # token
+    Q = heads * head_dim
+    if m < L and 2 * p < 3 * Q:
+        c = 2 * p
+        c0 = float32(0.0)
+        c1 = float32(0.0)
+        for k in range(Din):
+            c0 += x[m, k] * W[c, k]
+            c1 += x[m, k] * W[c + 1, k]
+        # ▼ your code: if c is a q or k column, rotate (c0, c1) by its angle (d = c mod head_dim, i = d // 4,
+        #   width pair when d mod 4 < 2, height pair otherwise; f_i = THETA^(−4i/head_dim))
+        pass
+        # ▲
+        qkv[m, c] = c0
+        qkv[m, c + 1] = c1
+
+
+result = check("rope_qkv_epilogue", rope_qkv_epilogue)
+
+# %% [markdown]
 # ### Worked exercises
 #
 # Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.

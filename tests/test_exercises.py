@@ -29,6 +29,7 @@ STUB_SAYS = {
     "rmsnorm_sum_and_scale": "never wrote the output",
     "rope_rotate_pairs": "tokens 1–34",
     "rope_token_position": "never wrote the output",
+    "rope_qkv_epilogue": "tokens 1–14; columns (q | k | v) 0–31",  # v columns and token (0, 0) are right
     "attention_softmax": "NaN",
     "online_softmax_rescale": "outputs are wrong",
     "merge_index": "outputs are wrong",
