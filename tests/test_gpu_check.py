@@ -282,3 +282,19 @@ def test_truncated_weights_and_stage_times():
     assert stages[0] == ("patch embed + pos emb + layer 0", 5.0)
     assert ("layer, median of layers 1..3", 3.0) in stages and ("layers 1..3, sum", 9.0) in stages
     assert stages[-1] == ("final norm + merge + projector", 1.0)
+
+
+def test_sdpa_baseline_is_the_fastest_backend_that_runs():
+    """The selection logic on torch's CPU kernels (on a GPU the same code times cuDNN/flash/efficient/math)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch.nn.attention")
+    from moonvit_kernels.gpu_check.baselines import Baselines
+    from moonvit_kernels.gpu_check.timing import host_timer
+
+    b = Baselines(simulate=False, repeats=2, warmup=0, seconds_per_item=1.0)
+    b.torch, b.device = torch, "cpu"
+    b.torch_timer = host_timer
+    label, timing = b.get("attention", 16, 2, 8, "float32")
+    assert "fastest of" in label and "math" in label.split("fastest of")[1], label
+    assert timing is not None and timing.runs == 2 and timing.median > 0
+    assert b.get("attention", 16, 2, 8, "float32") == (label, timing)  # cached per shape
