@@ -468,9 +468,48 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def remote_report(source: str) -> tuple[list[str], bool]:
+    """`checkpoint_report` for hf:// and http(s):// checkpoints: config, index and the vision shards'
+    headers are read (ranged reads), no tensor bytes."""
+    from .config import VisionConfig
+    from .hub import FetchError, open_source, plan
+    from .weights import expected_shapes
+
+    try:
+        src = open_source(source)
+        ranges, header_bytes, total = plan(src)
+        config = VisionConfig.from_dict(json.loads(src.read_text("config.json")))
+    except (FetchError, ValueError, KeyError, TypeError) as e:
+        raise CLIError(one_line(e) if source in one_line(e) else f"{source}: {one_line(e)}") from None
+    revision = f" at {src.revision}" if src.revision else ""
+    lines = [
+        f"checkpoint {source}{revision}: {total:,} bytes of safetensors; vision tensors in {len(header_bytes)} shard(s)"
+    ]
+    lines.append(f"vision tensors: {len(ranges)}")
+    lines += [f"  {t.name}  {t.dtype} {list(t.shape)}  bytes {t.start}..{t.end} of {t.shard}" for t in ranges]
+    vision_bytes = sum(t.nbytes for t in ranges)
+    lines.append(f"vision bytes: {vision_bytes:,} ({100 * vision_bytes / max(total, 1):.3f}% of the checkpoint)")
+    expected = expected_shapes(config)
+    found = {t.name: t.shape for t in ranges}
+    problems = [f"missing {k} {list(v)}" for k, v in expected.items() if k not in found]
+    problems += [
+        f"{k} has shape {list(found[k])}, expected {list(v)}"
+        for k, v in expected.items()
+        if k in found and found[k] != v
+    ]
+    problems += [f"unexpected {k}" for k in found if k not in expected]
+    ok = not problems
+    lines.append("matches its config: yes" if ok else f"matches its config: NO ({len(problems)} problem(s))")
+    lines += [f"  {p}" for p in problems[:20]]
+    lines.append(f"read {src.bytes_read:,} bytes (config, index, headers; no tensor bytes)")
+    return lines, ok
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """Print `checkpoint_report`; exit status 1 when the tensors do not match the config."""
-    lines, ok = checkpoint_report(args.path)
+    from .hub import is_remote
+
+    lines, ok = remote_report(args.path) if is_remote(args.path) else checkpoint_report(args.path)
     print("\n".join(lines))
     return 0 if ok else 1
 
@@ -602,7 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
     gold.set_defaults(func=cmd_golden)
 
     info = sub.add_parser("info", help="what a checkpoint holds (headers only)")
-    info.add_argument("path", help="checkpoint directory, or one .safetensors file")
+    info.add_argument("path", help="checkpoint directory, one .safetensors file, hf://ORG/REPO[@REV] or http(s):// URL")
     info.set_defaults(func=cmd_info)
 
     fetch = sub.add_parser("fetch", help="only the vision weights of a checkpoint (hf://ORG/REPO, https://, folder)")

@@ -1,6 +1,7 @@
 """Fetching only the vision weights, offline: a sharded checkpoint with a large (sparse) fake decoder,
 served by an HTTP server on 127.0.0.1 that honours Range and counts the bytes it sends."""
 
+import hashlib
 import json
 import re
 import struct
@@ -223,9 +224,9 @@ def test_fetch_over_http_reads_only_headers_and_vision_bytes(checkpoint, server,
     entry = manifest["tensors"]["mm_projector.proj.2.weight"]
     shard = checkpoint / entry["shard"]
     a, b = entry["byte_range"]
-    import hashlib
-
-    assert hashlib.sha256(shard.read_bytes()[a:b]).hexdigest() == entry["sha256"]
+    with open(shard, "rb") as f:
+        f.seek(a)
+        assert hashlib.sha256(f.read(b - a)).hexdigest() == entry["sha256"]
     assert json.loads((tmp_path / "v" / hub.MANIFEST_NAME).read_text())["tensors"] == manifest["tensors"]
     assert not (tmp_path / "v" / hub.PARTS_DIR).exists()
 
@@ -328,3 +329,31 @@ def test_cli_fetch(server, tmp_path, capsys):
     assert cli.main(["fetch", server.url + "/nowhere", "--out", str(tmp_path / "w"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no file config.json" in err[0]
+
+
+def test_cli_info_on_a_remote_checkpoint_reads_headers_only(server, checkpoint, capsys):
+    assert cli.main(["info", server.url]) == 0
+    out = capsys.readouterr().out
+    assert "vision tensors: 18" in out and "matches its config: yes" in out
+    reported = int(re.search(r"read ([\d,]+) bytes", out).group(1).replace(",", ""))
+    vision_shards = ["model-00001-of-00003.safetensors", "model-00003-of-00003.safetensors"]
+    headers = 0
+    for shard in vision_shards:
+        with open(checkpoint / shard, "rb") as f:
+            headers += 8 + struct.unpack("<Q", f.read(8))[0]
+    config_and_index = (checkpoint / "config.json").stat().st_size + (checkpoint / W.INDEX_NAME).stat().st_size
+    assert reported == config_and_index + headers
+    assert reported == server.bytes_served
+    assert reported < 64 * 1024  # config, index, two headers: no tensor bytes
+    assert "model-00002-of-00003.safetensors" not in server.requested
+
+
+def test_hf_errors_are_wrapped(monkeypatch):
+    import huggingface_hub
+
+    def not_found(self, repo_id, revision=None, **kw):
+        raise huggingface_hub.errors.RepositoryNotFoundError(f"404 {repo_id}")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", not_found)
+    with pytest.raises(hub.FetchError, match=r"hf://org/missing: cannot resolve revision main"):
+        hub.open_source("hf://org/missing")
