@@ -298,3 +298,16 @@ def test_sdpa_baseline_is_the_fastest_backend_that_runs():
     assert "fastest of" in label and "math" in label.split("fastest of")[1], label
     assert timing is not None and timing.runs == 2 and timing.median > 0
     assert b.get("attention", 16, 2, 8, "float32") == (label, timing)  # cached per shape
+
+
+@needs_sim
+@needs_emulator
+def test_bench_cupy_wrapper_runs_the_cuda_kernels_section(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_cupy", ROOT / "benchmarks" / "bench_cupy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--simulate", "--skip-tower", "--out", str(tmp_path)]) == 0
+    rows = read_csv(tmp_path / "results.csv")
+    assert rows and {r["backend"] for r in rows} == {"CUDA C"} and {r["section"] for r in rows} == {"kernels"}
