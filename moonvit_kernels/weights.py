@@ -111,18 +111,20 @@ def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 # ============================================================================ safetensors reading
 def _explain(path: Path, error: Exception) -> str:
-    """The library's error on a bad file, as one message naming the file and the likely cause."""
+    """The library's error on a bad file, as one message naming the file and the likely cause.
+
+    safetensors >= 0.5 words its errors ("header too small"), 0.4 names them ("HeaderTooSmall")."""
     msg = str(error).removeprefix("Error while deserializing header: ")
-    if "header too small" in msg:
+    if "header too small" in msg or "HeaderTooSmall" in msg:
         size = path.stat().st_size
         return f"{path}: not a safetensors file ({size} bytes, too short for a header)"
-    if "header too large" in msg:
+    if "header too large" in msg or "HeaderTooLarge" in msg:
         return f"{path}: corrupt safetensors header (its length field claims more bytes than the file holds)"
-    if "invalid JSON" in msg:
+    if "invalid JSON" in msg or "InvalidHeader" in msg:
         return f"{path}: corrupt safetensors header ({msg})"
-    if "not fully covered" in msg:
+    if "not fully covered" in msg or "MetadataIncompleteBuffer" in msg:
         return f"{path}: the header's tensors do not cover the data exactly (truncated or padded file?)"
-    if "invalid shape, data type, or offset" in msg:
+    if "invalid shape, data type, or offset" in msg or "TensorInvalidInfo" in msg:
         return f"{path}: a tensor's byte range does not match its shape and dtype (corrupt header or truncated file)"
     return f"{path}: not a valid safetensors file ({msg})"
 

@@ -167,7 +167,7 @@ def test_truncated_file(tmp_path, wts):
         (struct.pack("<Q", 2) + b"[]", "corrupt safetensors header"),
         (
             struct.pack("<Q", 40) + b'{"a": {"dtype": "F32", "shape": [2]}}   ',
-            "corrupt safetensors header.*data_offsets",
+            "corrupt safetensors header",
         ),
     ],
 )
