@@ -294,6 +294,45 @@ def _fused_gather_case(rng: np.random.Generator) -> Case:
     )
 
 
+# ============================================================================ 06 full encoder
+POS_H0, POS_W0, POS_H, POS_W, POS_D = 6, 6, 4, 9, 7
+MLP_M, MLP_N, MLP_K = 23, 19, 30
+
+
+def _pos_bilinear_case(rng: np.random.Generator) -> Case:
+    grid = _awkward(rng, (POS_H0, POS_W0, POS_D))
+    want = reference.interpolate_pos_grid(grid.astype(np.float64), POS_H, POS_W, "bilinear").reshape(POS_H * POS_W, -1)
+    bound = np.full(want.shape, 16 * FP32_EPS * np.abs(grid).max())  # a convex mix of 4 values
+    return Case(
+        args=[grid, OUT, np.int32(POS_H), np.int32(POS_W)],
+        out_shape=want.shape,
+        grid=POS_H * POS_W,
+        block=32,
+        expected=want,
+        bound=bound,
+        arg_names="grid, out, h, w",
+        axes=("patches (row·w + col)", "channels"),
+    )
+
+
+def _gelu_epilogue_case(rng: np.random.Generator) -> Case:
+    a = _awkward(rng, (MLP_M, MLP_K))
+    b = _awkward(rng, (MLP_N, MLP_K), scale=0.5)
+    prod = a.astype(np.float64) @ b.astype(np.float64).T
+    want = reference.gelu_tanh(prod)
+    bound = 2 * _gemm_bound(a, b) + 8 * FP32_EPS * np.abs(prod)
+    return Case(
+        args=[a, b, OUT, np.int32(MLP_M), np.int32(MLP_N), np.int32(MLP_K)],
+        out_shape=(MLP_M, MLP_N),
+        grid=(_ceil(MLP_N, GEMM_TILE), _ceil(MLP_M, GEMM_TILE)),
+        block=(GEMM_TILE, GEMM_TILE),
+        expected=want,
+        bound=bound,
+        arg_names="A, B, C, M, N, K",
+        axes=("rows m", "columns n"),
+    )
+
+
 # ============================================================================ the catalogue
 EXERCISES: dict[str, Exercise] = {
     e.name: e
@@ -388,6 +427,23 @@ EXERCISES: dict[str, Exercise] = {
             _fused_gather_case,
             "Column k of the merged row m is slot = k // D, d = k mod D: A[m, k] is the frame mean of "
             "x[f·h·w + patch, d] with patch from the merge index. x has only D columns: x[m, k] runs past them.",
+        ),
+        Exercise(
+            "pos_emb_bilinear",
+            "06_full_encoder",
+            "resize the learned position grid bilinearly, F.interpolate(align_corners=False)",
+            _pos_bilinear_case,
+            "Source row sy = (r + 0.5)·(H0/h) − 0.5, clamped at 0; y0 = floor(sy) (at most H0 − 1), "
+            "y1 = min(y0 + 1, H0 − 1), weight sy − y0 on y1; the same along columns with W0/w; sum the 4 taps. "
+            "The placeholder uses align_corners=True, r·(H0 − 1)/(h − 1): right only at the corners.",
+        ),
+        Exercise(
+            "gelu_tanh_epilogue",
+            "06_full_encoder",
+            "the MLP's fc0 GEMM with its GELU (tanh form) fused into the store",
+            _gelu_epilogue_case,
+            "gelu_tanh(v) = 0.5·v·(1 + tanh(√(2/π)·(v + 0.044715·v³))), applied to the float32 sum just before "
+            "C[m, n] is written (not the erf form: that one is the projector's).",
         ),
     )
 }

@@ -266,7 +266,82 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise cell holds a worked answer; replace it with your own and rerun — the `assert` checks it.
+# ### Your turn: write the kernel
+#
+# Two kernels of the encoder that no earlier notebook had you write, each with a gap between `▼` and `▲`.
+# `check(name, kernel)` runs your kernel (simulator or GPU) against the NumPy reference and says which
+# outputs are wrong, never written, NaN, out of bounds or racy. As committed the checks report failures.
+# `solution("pos_emb_bilinear")` prints a solution.
+#
+# **A.** The position grid resize: a learned 6×6 grid of `D = 7` channels resized to 4×9 patches with
+# `F.interpolate(mode="bilinear", align_corners=False)` — source coordinate `s = (d + 0.5)·(in/out) − 0.5`,
+# clamped at 0, taps `floor(s)` and `floor(s) + 1` (clamped at `in − 1`). The placeholder uses the
+# `align_corners=True` formula — a pitfall that is right only at the corners.
+
+# %%
+# YOUR TURN: pos_emb_bilinear — launched by check() as pos_emb_bilinear[h·w, 32](grid, out, h, w)
+import math
+
+from numba import float32
+
+from moonvit_kernels.exercises import check, solution
+
+
+@cuda.jit
+def pos_emb_bilinear(grid, out, h, w):
+    patch = cuda.blockIdx.x  # one block per output patch
+    r = patch // w
+    c = patch % w
+    H0 = grid.shape[0]
+    W0 = grid.shape[1]
+    # ▼ your code: source coordinates, taps y0, y1, x0, x1 and weights ly, lx (align_corners=False)
+    sy = float32(r) * float32(H0 - 1) / float32(h - 1)  # placeholder: align_corners=True
+    sx = float32(c) * float32(W0 - 1) / float32(w - 1)
+    y0 = min(int(math.floor(sy)), H0 - 1)
+    x0 = min(int(math.floor(sx)), W0 - 1)
+    y1 = min(y0 + 1, H0 - 1)
+    x1 = min(x0 + 1, W0 - 1)
+    ly = sy - float32(y0)
+    lx = sx - float32(x0)
+    # ▲
+    for d in range(cuda.threadIdx.x, grid.shape[2], cuda.blockDim.x):
+        top = (float32(1.0) - lx) * grid[y0, x0, d] + lx * grid[y0, x1, d]
+        bottom = (float32(1.0) - lx) * grid[y1, x0, d] + lx * grid[y1, x1, d]
+        out[patch, d] = (float32(1.0) - ly) * top + ly * bottom
+
+
+result = check("pos_emb_bilinear", pos_emb_bilinear)
+
+# %% [markdown]
+# **B.** The MLP's first GEMM with its activation fused into the store: `C = gelu_tanh(A·Bᵀ)` — the tanh
+# form, `0.5·v·(1 + tanh(√(2/π)·(v + 0.044715·v³)))` (the projector uses the erf form: swapping them is a
+# real bug, see notebook 01). The placeholder stores the product without the activation.
+
+# %%
+# YOUR TURN: gelu_tanh_epilogue — launched by check() as gelu_tanh_epilogue[(⌈N/16⌉, ⌈M/16⌉), (16, 16)](A, B, C, M, N, K)
+GELU_C = float32(math.sqrt(2.0 / math.pi))
+
+
+@cuda.jit
+def gelu_tanh_epilogue(A, B, C, M, N, K):
+    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    m = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
+    if m < M and n < N:
+        v = float32(0.0)
+        for k in range(K):
+            v += A[m, k] * B[n, k]
+        # ▼ your code: apply gelu_tanh to v
+        pass
+        # ▲
+        C[m, n] = v
+
+
+result = check("gelu_tanh_epilogue", gelu_tanh_epilogue)
+
+# %% [markdown]
+# ### Worked exercises
+#
+# Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.
 #
 # **1.** Break the model yourself: scale one weight by 1.01 and predict the first stage the report will
 # flag. (Worked answer: the final norm's weight only affects `final_norm` and later.)
