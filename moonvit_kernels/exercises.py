@@ -435,7 +435,8 @@ EXERCISES: dict[str, Exercise] = {
             _pos_bilinear_case,
             "Source row sy = (r + 0.5)·(H0/h) − 0.5, clamped at 0; y0 = floor(sy) (at most H0 − 1), "
             "y1 = min(y0 + 1, H0 − 1), weight sy − y0 on y1; the same along columns with W0/w; sum the 4 taps. "
-            "The placeholder uses align_corners=True, r·(H0 − 1)/(h − 1): right only at the corners.",
+            "The placeholder uses align_corners=True, r·(H0 − 1)/(h − 1): a different sampling grid that shifts "
+            "almost every sample.",
         ),
         Exercise(
             "gelu_tanh_epilogue",

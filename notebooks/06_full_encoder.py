@@ -276,7 +276,7 @@ else:
 # **A.** The position grid resize: a learned 6×6 grid of `D = 7` channels resized to 4×9 patches with
 # `F.interpolate(mode="bilinear", align_corners=False)` — source coordinate `s = (d + 0.5)·(in/out) − 0.5`,
 # clamped at 0, taps `floor(s)` and `floor(s) + 1` (clamped at `in − 1`). The placeholder uses the
-# `align_corners=True` formula — a pitfall that is right only at the corners.
+# `align_corners=True` formula — a pitfall that samples a different grid and shifts almost every value.
 
 # %%
 # YOUR TURN: pos_emb_bilinear — launched by check() as pos_emb_bilinear[h·w, 32](grid, out, h, w)
