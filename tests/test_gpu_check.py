@@ -311,3 +311,12 @@ def test_bench_cupy_wrapper_runs_the_cuda_kernels_section(tmp_path):
     assert bench.main(["--simulate", "--skip-tower", "--out", str(tmp_path)]) == 0
     rows = read_csv(tmp_path / "results.csv")
     assert rows and {r["backend"] for r in rows} == {"CUDA C"} and {r["section"] for r in rows} == {"kernels"}
+
+
+def test_too_old_packages_are_named():
+    from moonvit_kernels.gpu_check.machine import too_old, version_tuple
+
+    assert version_tuple("2.11.0+cu130") == (2, 11, 0)
+    assert too_old("cupy", "12.3.0") and not too_old("cupy", "14.2.0")
+    assert too_old("numba_cuda", "0.19.1") and not too_old("numba_cuda", "0.30.4")
+    assert not too_old("torch", "1.0")  # no minimum: torch is optional

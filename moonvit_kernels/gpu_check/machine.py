@@ -10,12 +10,13 @@ import glob
 import importlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 from typing import Any
 
 OPTIONAL = ("numba", "numba_cuda", "cupy", "torch", "cuda.bindings", "matplotlib", "pytest")
-MIN_VERSIONS = {"numba": (0, 60), "cupy": (13, 0), "numpy": (1, 24)}
+MIN_VERSIONS = {"numba": (0, 60), "numba_cuda": (0, 20), "cupy": (13, 0), "numpy": (1, 24)}
 
 
 def version_of(module: str) -> str:
@@ -30,12 +31,15 @@ def version_of(module: str) -> str:
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
+    """Leading numeric parts of a version: '2.11.0+cu130' -> (2, 11, 0), '0.30.4' -> (0, 30, 4)."""
     parts = []
     for piece in text.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
+        m = re.match(r"\d+", piece)
+        if not m:
             break
-        parts.append(int(digits))
+        parts.append(int(m.group()))
+        if m.end() < len(piece):  # '0+cu130', '1rc1': the rest is a local or pre-release tag
+            break
     return tuple(parts)
 
 
