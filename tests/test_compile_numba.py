@@ -195,3 +195,16 @@ def test_hot_loops_cost_at_most_4_sass_instructions_per_ffma():
         if any(ratio > MAX_INSTRUCTIONS_PER_FFMA for _, _, ratio in found)
     }
     assert not slow, f"hot loops above {MAX_INSTRUCTIONS_PER_FFMA} SASS instructions per FFMA: {slow}"
+
+
+def test_register_table_covers_what_the_compiler_reports_now(reports):
+    """The launch checks read `registers.KERNEL_REGISTERS`: it must list every compiled kernel, with at
+    least the registers ptxas now reports for sm_90 (the table holds the max over sm_80/89/90)."""
+    from moonvit_kernels.numba_backend.registers import KERNEL_REGISTERS
+
+    missing = sorted(r.kernel for r in reports if r.kernel not in KERNEL_REGISTERS)
+    assert not missing, f"kernels missing from registers.KERNEL_REGISTERS: {missing}"
+    low = {
+        r.kernel: (KERNEL_REGISTERS[r.kernel], r.registers) for r in reports if r.registers > KERNEL_REGISTERS[r.kernel]
+    }
+    assert not low, f"(stored, compiled) registers: the table is below the compiler, regenerate it: {low}"

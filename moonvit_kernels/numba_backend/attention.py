@@ -41,7 +41,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .device_functions import REDUCE_MAX, REDUCE_SUM, block_reduce
-from .launch import ceil_div, check_array, check_positive, device_array, to_device
+from .launch import ceil_div, check_array, check_launch, check_positive, device_array, to_device
 
 VERSIONS = (1, 2)
 
@@ -404,15 +404,21 @@ def attention(
             f"{shared} bytes of shared memory, more than {MAX_STATIC_SHARED_BYTES}: use version 2 with smaller tiles"
         )
 
+    if version == 1:
+        kernel = attention_v1_kernel(hd, threads)
+        # `threads` only sizes the shared reduction buffer: registers are those of the default block.
+        launch = check_launch(kernel, (L, H), threads, registers_of=f"attention_v1_hd{hd}_t{V1_THREADS}")
+    else:
+        kernel = attention_v2_kernel(hd, block_q, block_k)
+        tiles_host = query_tiles(cu_host, block_q)
+        launch = check_launch(kernel, (tiles_host.shape[0], H), (block_k, block_q))
+
     qkv_d = to_device(qkv)
     cu_d = to_device(cu_host)
     o = device_array((L, q_width))
     lse = device_array((L, H))
     if version == 1:
-        attention_v1_kernel(hd, threads)[(L, H), threads](qkv_d, cu_d, o, lse, scale)
+        kernel[launch](qkv_d, cu_d, o, lse, scale)
     else:
-        tiles = to_device(query_tiles(cu_host, block_q))
-        attention_v2_kernel(hd, block_q, block_k)[(tiles.shape[0], H), (block_k, block_q)](
-            qkv_d, cu_d, tiles, o, lse, scale
-        )
+        kernel[launch](qkv_d, cu_d, to_device(tiles_host), o, lse, scale)
     return o, lse

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32
 
-from .launch import check_array, copy_back, device_array, grid_2d, jit_named, to_device
+from .launch import check_array, check_launch, copy_back, device_array, grid_2d, jit_named, to_device
 
 EPILOGUES = ("none", "gelu_tanh", "gelu_erf", "residual")
 VERSIONS = (1, 2, 3)
@@ -267,11 +267,13 @@ def gemm(
     if out is not None:
         check_array("out", out, shape=(M, N))
 
+    kernel = KERNELS[(version, epilogue)]
+    blocks, threads = check_launch(kernel, *launch_config(version, M, N))
+
     a_d, b_d = to_device(a), to_device(b)
     c_d = device_array((M, N)) if out is None else to_device(out)
     r_d = to_device(residual) if (residual is not None and residual is not out) else c_d
-    blocks, threads = launch_config(version, M, N)
-    KERNELS[(version, epilogue)][blocks, threads](a_d, b_d, r_d, c_d, np.int32(M), np.int32(N), np.int32(K))
+    kernel[blocks, threads](a_d, b_d, r_d, c_d, np.int32(M), np.int32(N), np.int32(K))
     if out is not None:
         copy_back(out, c_d)
     return c_d

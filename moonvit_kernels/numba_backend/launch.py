@@ -112,6 +112,82 @@ def jit_named(fn: Any, name: str) -> Any:
     return cuda.jit(fn)
 
 
+# ============================================================================ launch limits
+# Hardware limits the simulator does not enforce (sm_80, sm_89, sm_90 alike).
+MAX_THREADS_PER_BLOCK = 1024
+MAX_GRID = (2**31 - 1, 65535, 65535)  # blocks along x, y, z
+MAX_BLOCK = (1024, 1024, 64)  # threads along x, y, z
+REGISTERS_PER_BLOCK = 65536
+REGISTER_UNIT = 256  # registers are given to a warp in multiples of this
+
+
+def kernel_name(kernel: Any) -> str:
+    """The specialised name of a kernel (its Python function's name, e.g. `gemm_v3_residual`)."""
+    return str(kernel.py_func.__name__)
+
+
+def block_registers(registers_per_thread: int, threads: int) -> int:
+    """Registers a block of `threads` takes: per warp, 32·registers rounded up to REGISTER_UNIT."""
+    per_warp = ceil_div(32 * registers_per_thread, REGISTER_UNIT) * REGISTER_UNIT
+    return ceil_div(threads, 32) * per_warp
+
+
+def max_threads_for(registers_per_thread: int) -> int:
+    """The largest multiple of 32 threads whose registers fit one block (at most 1024)."""
+    per_warp = block_registers(registers_per_thread, 32)
+    return min(MAX_THREADS_PER_BLOCK, REGISTERS_PER_BLOCK // per_warp * 32)
+
+
+def kernel_registers(name: str) -> tuple[int, str]:
+    """Registers per thread of the kernel called `name`, and where the number comes from.
+
+    The compile tier's table (`registers.KERNEL_REGISTERS`) when it lists the kernel; for another
+    specialisation of a listed family (e.g. `attention_v2_hd64_...`: the table holds head_dim 128
+    and 24) the family's largest entry, an estimate; otherwise ASSUMED_REGISTERS.
+    """
+    from .registers import ASSUMED_REGISTERS, KERNEL_REGISTERS
+
+    if name in KERNEL_REGISTERS:
+        return KERNEL_REGISTERS[name], "from the compile tier"
+    family = name.split("_hd")[0] + "_hd" if "_hd" in name else None
+    relatives = [r for k, r in KERNEL_REGISTERS.items() if family and k.startswith(family)]
+    if relatives:
+        return max(relatives), f"estimated: the most of the {family}* kernels in the compile tier"
+    return ASSUMED_REGISTERS, "assumed: not in the compile tier's table"
+
+
+def check_launch(kernel: Any, blocks: Any, threads: Any, registers_of: str | None = None) -> tuple[Any, Any]:
+    """Check a launch shape against the GPU's limits; returns `(blocks, threads)` unchanged.
+
+    `blocks` and `threads` are ints or tuples (x, y, z order). Every grid dimension must be in
+    1..MAX_GRID, the block 1..1024 threads, and the block's registers (per-thread count from
+    `registers.KERNEL_REGISTERS` under the kernel's name, or `registers_of` when a specialisation
+    shares another's count) must fit REGISTERS_PER_BLOCK. Raises ValueError naming the kernel.
+    """
+    name = kernel_name(kernel)
+    grid = (blocks,) if isinstance(blocks, (int, np.integer)) else tuple(blocks)
+    block = (threads,) if isinstance(threads, (int, np.integer)) else tuple(threads)
+    for axis, (n, limit) in enumerate(zip(grid, MAX_GRID, strict=False)):
+        if not 1 <= int(n) <= limit:
+            raise ValueError(
+                f"{name}: grid dimension {'xyz'[axis]} = {int(n)} blocks is outside 1..{limit} (grid {grid})"
+            )
+    count = int(np.prod(block))
+    if min(block) < 1 or count > MAX_THREADS_PER_BLOCK or any(n > m for n, m in zip(block, MAX_BLOCK, strict=False)):
+        raise ValueError(
+            f"{name}: block {block} must have 1..{MAX_THREADS_PER_BLOCK} threads (at most {MAX_BLOCK} along "
+            f"x, y, z), has {count}"
+        )
+    registers, source = kernel_registers(registers_of or name)
+    if block_registers(registers, count) > REGISTERS_PER_BLOCK:
+        raise ValueError(
+            f"{name}: {count} threads x {registers} registers ({source}) need "
+            f"{block_registers(registers, count)} registers, more than the {REGISTERS_PER_BLOCK} a block "
+            f"can have: use at most {max_threads_for(registers)} threads"
+        )
+    return blocks, threads
+
+
 # ============================================================================ grid sizes
 def ceil_div(n: int, d: int) -> int:
     """`ceil(n / d)` for positive integers: the number of blocks covering n items."""

@@ -25,6 +25,7 @@ from .launch import (
     ITEM_MERGED_OFFSET,
     ITEM_TOKEN_OFFSET,
     check_array,
+    check_launch,
     check_positive,
     copy_back,
     device_array,
@@ -109,7 +110,8 @@ def merge_gather(
             raise ValueError(f"m_total={m_total} but items hold {counted} merged tokens")
         m_total = counted
     m_total = check_positive("m_total", m_total)
-    threads = threads_for(kh * kw * D, max_threads=128) if threads is None else threads
+    threads = threads_for(kh * kw * D, max_threads=128) if threads is None else check_positive("threads", threads)
+    check_launch(merge_gather_kernel, m_total, threads)
     if out is not None:
         check_array("out", out, shape=(m_total, kh * kw * D))
     out_d = out if launch.is_device_array(out) else device_array((m_total, kh * kw * D))

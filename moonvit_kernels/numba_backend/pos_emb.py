@@ -27,7 +27,16 @@ from numba import cuda, float32, int32
 
 from .. import reference
 from .device_functions import find_item
-from .launch import ITEM_TOKEN_OFFSET, check_array, copy_back, jit_named, threads_for, to_device
+from .launch import (
+    ITEM_TOKEN_OFFSET,
+    check_array,
+    check_launch,
+    check_positive,
+    copy_back,
+    jit_named,
+    threads_for,
+    to_device,
+)
 
 MODES = ("bilinear", "bicubic")
 BILINEAR, BICUBIC = 0, 1
@@ -160,7 +169,8 @@ def add_position_embedding(
     N, _ = check_array("items", items, dtype=np.int32, shape=(None, 4))
     if isinstance(items, np.ndarray):
         check_item_table(items, L, T0)
-    threads = threads_for(D, max_threads=128) if threads is None else threads
+    threads = threads_for(D, max_threads=128) if threads is None else check_positive("threads", threads)
+    check_launch(KERNELS[mode], L, threads)
 
     x_d = to_device(x)
     KERNELS[mode][L, threads](

@@ -20,7 +20,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .device_functions import REDUCE_SUM, block_reduce
-from .launch import check_array, copy_back, device_array, jit_named, threads_for, to_device
+from .launch import check_array, check_launch, copy_back, device_array, jit_named, threads_for, to_device
 
 BLOCK_SIZES = (32, 64, 128, 256)
 SIGNATURE = "void(float32[:, ::1], float32[::1], float32[:, ::1], float32[::1], int32, int32, float32)"
@@ -87,6 +87,7 @@ def rmsnorm(
         raise ValueError(f"eps must be a positive finite number, got {eps!r}")
     threads = threads_for(cols, max_threads=BLOCK_SIZES[-1]) if threads is None else threads
     kernel = kernel_for(threads)
+    check_launch(kernel, rows, threads)
 
     x_d = to_device(x)
     if out is None:

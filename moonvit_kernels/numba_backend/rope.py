@@ -25,7 +25,7 @@ import numpy as np
 from numba import cuda, float32
 
 from ..config import ROPE_MAX_SIDE, ROPE_THETA
-from .launch import check_array, check_positive, copy_back, threads_for, to_device
+from .launch import check_array, check_launch, check_positive, copy_back, threads_for, to_device
 
 SIGNATURE = "void(float32[:, ::1], int32[:, ::1], int32[::1], int32, int32, int32, int32)"
 
@@ -107,7 +107,9 @@ def rope2d(
     check_array("cu_seqlens", cu_seqlens, dtype=np.int32, shape=(N + 1,))
     if isinstance(grid_thws, np.ndarray) and isinstance(cu_seqlens, np.ndarray):
         check_packed_tables(grid_thws, cu_seqlens, L)
-    threads = threads_for(2 * heads * head_dim // 4, max_threads=128) if threads is None else threads
+    if threads is None:
+        threads = threads_for(2 * heads * head_dim // 4, max_threads=128)
+    check_launch(rope2d_kernel, L, check_positive("threads", threads))
 
     qkv_d = to_device(qkv)
     rope2d_kernel[L, threads](
