@@ -14,7 +14,8 @@
 //     loads: elements outside the tensor are zeros; the whole box's bytes complete on the mbarrier;
 //     the destination holds garbage from the issue until the data lands, which is modelled as late
 //     as a correct program allows: when some thread next polls the completion barrier;
-//   - wgmma.mma_async (m64nNk16, bf16 -> fp32, A and B K-major from descriptors): asynchronous — at
+//   - wgmma.mma_async (m64nNk16, bf16 -> fp32, B K-major from a descriptor, A likewise or from
+//     registers in the documented A fragment layout): asynchronous — at
 //     the issue the accumulators read as NaN and the result lands at the issuing thread's
 //     wgmma.wait_group that retires its group; an operation runs only when all 128 threads of the
 //     warpgroup have issued it (their descriptors must agree), and reads shared memory then;
@@ -93,7 +94,7 @@ inline uint32_t kmajor_addr(const SmemDesc& d, int mn, int k) {
 // ============================================================================ per-block state
 struct CopyJob {  // one cp.async.bulk.tensor in flight
   uint32_t dst;
-  int c0, c1;
+  int c[3];
   unsigned char map[128];
 };
 struct Mbar {
@@ -107,6 +108,8 @@ struct WgOp {  // one wgmma.mma_async of a warpgroup
   bool done = false;
   std::vector<float*> shadow;  // per thread of the warpgroup: where its accumulators live meanwhile
   uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};  // shared bytes [lo, hi) of A and B it reads
+  bool a_in_regs = false;
+  std::vector<unsigned> a_regs;  // A from registers: thread t's 4 registers at [4t, 4t + 4)
 };
 struct Shadow {  // accumulators of one wgmma chain of one thread while operations are in flight
   float* regs;
@@ -274,38 +277,51 @@ inline uint32_t box_bytes(const TensorMap& m) {
   return n;
 }
 void check_no_reader_in_flight(uint32_t lo, uint32_t hi, const char* who);  // below, with wgmma
-// cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
-inline void tma_load_2d(uint32_t dst, const void* map, int c0, int c1, uint32_t bar) {
+// cp.async.bulk.tensor.{2d,3d}.shared::cluster.global.mbarrier::complete_tx::bytes (rank = the map's rank)
+inline void tma_load(uint32_t dst, const void* map, int rank, const int* coords, uint32_t bar) {
   const TensorMap m = read_map(map);
+  if (int(m.rank) != rank)
+    fail("cp.async.bulk.tensor." + std::to_string(rank) + "d with a tensor map of rank " + std::to_string(m.rank));
   check_no_reader_in_flight(dst, dst + box_bytes(m), "cp.async.bulk.tensor");
-  if (m.rank != 2) fail("cp.async.bulk.tensor.2d with a tensor map of rank " + std::to_string(m.rank));
   if (dst % 128) fail("cp.async.bulk.tensor: shared destination not 128-byte aligned");
   bar_at(bar, "cp.async.bulk.tensor");
   std::memset(smem_ptr(dst, box_bytes(m), "cp.async.bulk.tensor"), 0xCD, box_bytes(m));  // undefined until it lands
   CopyJob j;
   j.dst = dst;
-  j.c0 = c0;
-  j.c1 = c1;
+  for (int i = 0; i < 3; ++i) j.c[i] = i < rank ? coords[i] : 0;
   std::memcpy(j.map, map, 128);
   g_state->bars[bar].copies.push_back(j);
 }
+inline void tma_load_2d(uint32_t dst, const void* map, int c0, int c1, uint32_t bar) {
+  const int c[2] = {c0, c1};
+  tma_load(dst, map, 2, c, bar);
+}
+// The box lands in shared memory in element order (x fastest, then y, then z), each element's
+// address swizzled; elements outside the tensor are zeros (or NaN with the NaN fill).
 inline void land(const CopyJob& j) {
   const TensorMap m = read_map(j.map);
   const uint32_t es = m.esize;
+  const uint32_t bz = m.rank > 2 ? m.box[2] : 1;
   const unsigned char nan_bits[8] = {0xff, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff, 0x7f};
-  for (uint32_t y = 0; y < m.box[1]; ++y)
-    for (uint32_t x = 0; x < m.box[0]; ++x) {
-      const int64_t gx = int64_t(j.c0) + x, gy = int64_t(j.c1) + y;
-      const bool inside = gx >= 0 && gy >= 0 && uint64_t(gx) < m.dims[0] && uint64_t(gy) < m.dims[1];
-      const uint32_t a = swizzle(j.dst + (y * m.box[0] + x) * es, int(m.span));
-      unsigned char* d = smem_ptr(a, es, "cp.async.bulk.tensor");
-      if (inside)
-        std::memcpy(d, reinterpret_cast<const unsigned char*>(m.gaddr) + gy * m.strides[1] + gx * es, es);
-      else if (m.oob_nan)
-        std::memcpy(d, nan_bits + 8 - es, es);
-      else
-        std::memset(d, 0, es);
-    }
+  for (uint32_t z = 0; z < bz; ++z)
+    for (uint32_t y = 0; y < m.box[1]; ++y)
+      for (uint32_t x = 0; x < m.box[0]; ++x) {
+        const int64_t g[3] = {int64_t(j.c[0]) + x, int64_t(j.c[1]) + y, int64_t(j.c[2]) + z};
+        bool inside = true;
+        uint64_t off = 0;
+        for (uint32_t i = 0; i < m.rank; ++i) {
+          inside &= g[i] >= 0 && uint64_t(g[i]) < m.dims[i];
+          off += uint64_t(g[i]) * m.strides[i];
+        }
+        const uint32_t a = swizzle(j.dst + ((z * m.box[1] + y) * m.box[0] + x) * es, int(m.span));
+        unsigned char* d = smem_ptr(a, es, "cp.async.bulk.tensor");
+        if (inside)
+          std::memcpy(d, reinterpret_cast<const unsigned char*>(m.gaddr) + off, es);
+        else if (m.oob_nan)
+          std::memcpy(d, nan_bits + 8 - es, es);
+        else
+          std::memset(d, 0, es);
+      }
 }
 inline void land_copies(uint32_t bar) {
   std::vector<CopyJob> jobs;
@@ -331,7 +347,23 @@ inline void run_op(int wg, int k) {
   WgOp& op = W.ops[k];
   if (op.done) return;
   const SmemDesc a = decode_desc(op.da), b = decode_desc(op.db);
-  if (a.base_offset || b.base_offset) fail("wgmma: matrix base offset != 0 is not modelled");
+  if ((!op.a_in_regs && a.base_offset) || b.base_offset) fail("wgmma: matrix base offset != 0 is not modelled");
+  std::vector<float> A(64 * 16), B(size_t(op.n) * 16);
+  if (op.a_in_regs) {  // thread t's a[i/2] half i%2 = A[16w + l/4 + 8((i/2)%2)][2(l%4) + i%2 + 8(i/4)]
+    for (int t = 0; t < 128; ++t) {
+      const int w = t / 32, l = t % 32;
+      for (int i = 0; i < 8; ++i) {
+        const unsigned reg = op.a_regs[4 * t + i / 2];
+        const unsigned short h = static_cast<unsigned short>(i % 2 ? reg >> 16 : reg & 0xffff);
+        A[(16 * w + l / 4 + 8 * ((i / 2) % 2)) * 16 + 2 * (l % 4) + i % 2 + 8 * (i / 4)] = __bfloat162float({h});
+      }
+    }
+  } else {
+    for (int r = 0; r < 64; ++r)
+      for (int k = 0; k < 16; ++k) A[r * 16 + k] = bf16_at(kmajor_addr(a, r, k));
+  }
+  for (int r = 0; r < op.n; ++r)
+    for (int k = 0; k < 16; ++k) B[r * 16 + k] = bf16_at(kmajor_addr(b, r, k));
   for (int t = 0; t < 128; ++t) {
     float* d = op.shadow[t];
     const int w = t / 32, l = t % 32;
@@ -339,7 +371,7 @@ inline void run_op(int wg, int k) {
       for (int j = 0; j < 4; ++j) {
         const int row = 16 * w + l / 4 + 8 * (j / 2), col = 8 * i + 2 * (l % 4) + j % 2;
         float acc = op.scale_d ? d[4 * i + j] : 0.0f;
-        for (int kk = 0; kk < 16; ++kk) acc += bf16_at(kmajor_addr(a, row, kk)) * bf16_at(kmajor_addr(b, col, kk));
+        for (int kk = 0; kk < 16; ++kk) acc += A[row * 16 + kk] * B[col * 16 + kk];
         d[4 * i + j] = acc;
       }
   }
@@ -367,7 +399,7 @@ inline void check_no_reader_in_flight(uint32_t lo, uint32_t hi, const char* who)
                                   "wgmma.wait_group retired its readers)");
 }
 inline void wgmma_fence() { me().fenced = true; }
-inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d) {
+inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d, const unsigned* a_regs = nullptr) {
   const int tid = thread_index(), wg = tid / 128;
   ThreadState& T = me();
   if (T.groups.empty() && T.open.empty() && !T.fenced)
@@ -385,14 +417,18 @@ inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d) 
   Warpgroup& W = g_state->wgs[wg];
   const int k = T.issued++;
   if (int(W.ops.size()) <= k) {
+    if (a_regs) da = 0;
     W.ops.push_back(WgOp{da, db, n, scale_d, 0, false, std::vector<float*>(128, nullptr)});
-    footprint(da, 64, W.ops[k].lo[0], W.ops[k].hi[0]);
+    if (!a_regs) footprint(da, 64, W.ops[k].lo[0], W.ops[k].hi[0]);
     footprint(db, n, W.ops[k].lo[1], W.ops[k].hi[1]);
+    W.ops[k].a_in_regs = a_regs != nullptr;
+    if (a_regs) W.ops[k].a_regs.assign(4 * 128, 0);
   } else {
     const WgOp& o = W.ops[k];
-    if (o.da != da || o.db != db || o.n != n || o.scale_d != scale_d)
+    if ((!a_regs && o.da != da) || o.db != db || o.n != n || o.scale_d != scale_d || o.a_in_regs != (a_regs != nullptr))
       fail("wgmma.mma_async: threads of one warpgroup issued different operations (descriptors, shape or scale-d)");
   }
+  if (a_regs) std::memcpy(&W.ops[k].a_regs[4 * (tid % 128)], a_regs, 16);  // registers read at the issue
   W.ops[k].shadow[tid % 128] = sh->value.data();
   ++W.ops[k].issued;
   T.open.push_back(k);

@@ -27,7 +27,7 @@ from moonvit_kernels.cuda_backend import sources as kcuda
 from moonvit_kernels.cuda_backend.emulation import compiler
 
 HERE = Path(__file__).resolve().parent
-KERNEL_FILES = ("gemm_bf16_sm90.cu", "common.cuh", "sm90.cuh")  # compiled as they are
+KERNEL_FILES = ("gemm_bf16_sm90.cu", "flash_attn_sm90.cu", "common.cuh", "sm90.cuh")  # compiled as they are
 STANDINS = ("prelude.h", "cuda_bf16.h", "hopper.cuh", "ptx_sm90.cuh", "hopper_driver.cpp")
 _DYNAMIC_SMEM = "extern __shared__ __align__(16) unsigned char smem_raw[];"
 SMEM_BASE = 0x410  # shared address of dynamic shared memory's first byte in the model (hopper.cuh)
@@ -147,6 +147,37 @@ def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32",
     if rc:
         raise RuntimeError(f"gemm_bf16_sm90 emulation failed (rc={rc})")
     return out
+
+
+ATTENTION_HEAD_DIMS = (24, 64, 72, 128)  # flash_attn_sm90 instantiations built into the emulator
+
+
+def attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
+    """launchers.attention for bf16 qkv on the sm90 kernel (emulated): (out [L, H·hd] bf16 bits, lse [L, H])."""
+    if head_dim not in ATTENTION_HEAD_DIMS:
+        raise ValueError(f"the Hopper emulation is built for head dims {ATTENTION_HEAD_DIMS}, not {head_dim}")
+    if qkv.dtype != np.uint16:
+        raise ValueError("flash_attn_sm90 takes bf16 qkv (uint16 bits)")
+    L = qkv.shape[0]
+    if qkv.shape[1] != 3 * num_heads * head_dim:
+        raise ValueError(f"qkv has {qkv.shape[1]} columns, expected 3 * {num_heads} * {head_dim}")
+    cu = np.ascontiguousarray(cu_seqlens if cu_seqlens_device is None else cu_seqlens_device, dtype=np.int32)
+    out = np.full((L, num_heads * head_dim), 0x7FC0, np.uint16)
+    lse = np.full((L, num_heads), np.nan, np.float32)
+    rc = library().hop_attention_sm90(
+        _i(head_dim),
+        _ptr(qkv),
+        _ptr(out),
+        _ptr(lse),
+        _ptr(cu),
+        _i(cu.size - 1),
+        _i(int(np.max(np.diff(cu)))),
+        _i(num_heads),
+        _i(L),
+    )
+    if rc:
+        raise RuntimeError(f"flash_attn_sm90 emulation failed (rc={rc})")
+    return out, lse
 
 
 # ============================================================================ probes of the models

@@ -3,6 +3,7 @@
 // swizzle, K-major addressing, bulk tensor copies, mbarrier phases, the wgmma accumulator fragment,
 // setmaxnreg). Built by emulation/hopper.py with prelude.h force-included.
 #include "gemm_bf16_sm90.cu"
+#include "flash_attn_sm90.cu"
 
 namespace hx = emu::hopper;
 
@@ -44,9 +45,39 @@ int gemm_sm90_dispatch(int epi, const void* A, const void* B, void* C, const voi
   }
   return 2;
 }
+template <int HD>
+int attn_sm90_launch(const void* qkv, void* out, float* lse, const int* cu, int nitems, int max_len, int H, int L) {
+  using Cfg = AttnSm90Cfg<HD>;
+  TmaMap sw, raw;
+  std::string why;
+  const uint64_t dims[3] = {uint64_t(HD), uint64_t(3 * H), uint64_t(L)};
+  const uint64_t strides[2] = {uint64_t(HD) * 2, uint64_t(3 * H * HD) * 2};
+  const uint32_t box[3] = {64, 1, 64};
+  if (hx::encode_tiled(&sw, 2, 3, qkv, dims, strides, box, 128, 0, &why) ||
+      hx::encode_tiled(&raw, 2, 3, qkv, dims, strides, box, 0, 0, &why)) {
+    std::fprintf(stderr, "emulation (hopper): cuTensorMapEncodeTiled: %s\n", why.c_str());
+    return 1;
+  }
+  const float scale_log2 = (1.0f / std::sqrt((float)HD)) * 1.4426950408889634f;
+  hx::launch_async(dim3{unsigned((max_len + Cfg::BQ - 1) / Cfg::BQ), unsigned(H), unsigned(nitems)},
+                   dim3{Cfg::THREADS, 1, 1}, Cfg::SMEM_BYTES, 248,
+                   [&] { flash_attn_sm90<HD>(sw, raw, (bf16*)out, lse, cu, H, scale_log2); });
+  return 0;
+}
 }  // namespace
 
 extern "C" {
+int hop_attention_sm90(int hd, const void* qkv, void* out, float* lse, const int* cu, int nitems, int max_len, int H,
+                       int L) {
+  switch (hd) {
+    case 24: return attn_sm90_launch<24>(qkv, out, lse, cu, nitems, max_len, H, L);
+    case 64: return attn_sm90_launch<64>(qkv, out, lse, cu, nitems, max_len, H, L);
+    case 72: return attn_sm90_launch<72>(qkv, out, lse, cu, nitems, max_len, H, L);
+    case 128: return attn_sm90_launch<128>(qkv, out, lse, cu, nitems, max_len, H, L);
+  }
+  return 2;
+}
+
 int hop_gemm_sm90(int out_bf16, int epi, const void* A, const void* B, void* C, const void* R, int M, int N, int K,
                   int fault) {
   return out_bf16 ? gemm_sm90_dispatch<bf16>(epi, A, B, C, R, M, N, K, fault)

@@ -25,6 +25,10 @@ inline void mbar_wait(unsigned long long* bar, unsigned parity) {
 inline void tma_load_2d(void* dst, const TmaMap* map, int c0, int c1, unsigned long long* bar) {
   emu::hopper::tma_load_2d(sm90_smem_addr(dst), map, c0, c1, sm90_smem_addr(bar));
 }
+inline void tma_load_3d(void* dst, const TmaMap* map, int c0, int c1, int c2, unsigned long long* bar) {
+  const int c[3] = {c0, c1, c2};
+  emu::hopper::tma_load(sm90_smem_addr(dst), map, 3, c, sm90_smem_addr(bar));
+}
 inline void tma_prefetch_map(const TmaMap* map) { emu::hopper::read_map(map); }
 inline void fence_proxy_async() {}
 
@@ -38,6 +42,16 @@ template <int R>
 inline void wgmma_fence_operands(float (&)[R]) {}
 inline void wgmma_m64n128k16_ss(float (&d)[64], unsigned long long desc_a, unsigned long long desc_b, int scale_d) {
   emu::hopper::wgmma_issue(d, 128, desc_a, desc_b, scale_d != 0);
+}
+
+inline void wgmma_m64n64k16_ss(float (&d)[32], unsigned long long desc_a, unsigned long long desc_b, int scale_d) {
+  emu::hopper::wgmma_issue(d, 64, desc_a, desc_b, scale_d != 0);
+}
+inline void wgmma_m64n64k16_rs(float (&d)[32], const unsigned (&a)[4], unsigned long long desc_b, int scale_d) {
+  emu::hopper::wgmma_issue(d, 64, 0, desc_b, scale_d != 0, a);
+}
+inline void wgmma_m64n128k16_rs(float (&d)[64], const unsigned (&a)[4], unsigned long long desc_b, int scale_d) {
+  emu::hopper::wgmma_issue(d, 128, 0, desc_b, scale_d != 0, a);
 }
 
 template <int REGS>
