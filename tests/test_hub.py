@@ -357,3 +357,24 @@ def test_hf_errors_are_wrapped(monkeypatch):
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", not_found)
     with pytest.raises(hub.FetchError, match=r"hf://org/missing: cannot resolve revision main"):
         hub.open_source("hf://org/missing")
+
+
+def test_single_file_checkpoint_and_a_missing_shard(checkpoint, tmp_path):
+    wts = W.random_weights(CFG, seed=12)
+    decoder = {"language_model.lm_head.weight": np.random.default_rng(0).standard_normal((50, 32)).astype(np.float32)}
+    W.save_checkpoint(tmp_path / "one", wts, CFG, dtype="float16", extra_tensors=decoder)
+    manifest = hub.fetch(str(tmp_path / "one"), tmp_path / "v", progress=False)
+    assert {e["dtype"] for e in manifest["tensors"].values()} == {"F16"}
+    assert manifest["vision_bytes"] == 2 * sum(v.size for v in wts.values())
+    assert "language_model.lm_head.weight" not in manifest["tensors"]
+    _, got = W.load_checkpoint(tmp_path / "v")
+    for k, v in wts.items():
+        np.testing.assert_array_equal(got[k], v.astype(np.float16).astype(np.float32))
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for p in checkpoint.iterdir():
+        if p.name != "model-00003-of-00003.safetensors":
+            (broken / p.name).symlink_to(p)
+    with pytest.raises(hub.FetchError, match=r"no file model-00003-of-00003\.safetensors"):
+        hub.fetch(str(broken), tmp_path / "w", progress=False)
