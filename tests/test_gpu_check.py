@@ -97,6 +97,7 @@ def test_simulate_csv_has_every_kernel_version_with_units_formulas_and_checks(si
         assert "host clock" in r["clock"]
         assert r["baseline"].endswith("(CPU)") and float(r["pct_of_baseline"]) > 0
         assert r["verdict"] == "pass" and float(r["check_err"]) <= float(r["check_tol"])
+        assert r["peak"] == r["pct_of_peak"] == ""  # no GPU peak for a CPU number
     tower = [r for r in rows if r["section"] == "tower"]
     ours = {"numpy float64 (reference)", "numba fp32", "CUDA C fp32", "CUDA C bf16"}
     assert ours <= {r["backend"] for r in tower} <= ours | {"torch eager fp32 (CPU)"}  # torch: a baseline, if installed
@@ -320,3 +321,13 @@ def test_too_old_packages_are_named():
     assert too_old("cupy", "12.3.0") and not too_old("cupy", "14.2.0")
     assert too_old("numba_cuda", "0.19.1") and not too_old("numba_cuda", "0.30.4")
     assert not too_old("torch", "1.0")  # no minimum: torch is optional
+
+
+def test_datasheet_peaks_are_labelled_and_unknown_gpus_get_none():
+    from moonvit_kernels.gpu_check.peaks import peak_for
+
+    assert peak_for("NVIDIA H200", "TFLOP/s", "bfloat16->float32") == (989.0, "989 TFLOP/s bf16 dense (H200 datasheet)")
+    assert peak_for("NVIDIA H100 80GB HBM3", "GB/s", "float32")[0] == 3350.0
+    assert peak_for("NVIDIA H200", "TFLOP/s", "float32")[1].endswith("fp32 (H200 datasheet)")
+    assert peak_for("NVIDIA GeForce RTX 4090", "GB/s", "float32") is None
+    assert peak_for(None, "GB/s", "float32") is None

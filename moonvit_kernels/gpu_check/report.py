@@ -22,7 +22,7 @@ CSV_FIELDS = (
     "section", "item", "backend", "where", "dtype", "shape", "tokens", "stage",
     "median_ms", "p10_ms", "p90_ms", "runs", "clock",
     "work", "unit", "rate", "formula",
-    "baseline", "baseline_ms", "baseline_rate", "pct_of_baseline",
+    "baseline", "baseline_ms", "baseline_rate", "pct_of_baseline", "peak", "pct_of_peak",
     "check", "check_err", "check_tol", "verdict", "note",
 )  # fmt: skip
 
@@ -41,7 +41,7 @@ SECTIONS: dict[str, tuple[str, Sequence[tuple[str, str]]]] = {
             ("kernel", "item"), ("backend", "backend"), ("dtype", "dtype"), ("shape", "shape"),
             ("median ms [p10..p90]", "time"), ("rate", "rate_unit"), ("formula", "formula"),
             ("baseline", "baseline"), ("baseline rate", "baseline_rate_unit"), ("% of baseline", "pct_of_baseline"),
-            ("check err (tol)", "check_text"), ("verdict", "verdict"),
+            ("% of peak", "pct_of_peak"), ("check err (tol)", "check_text"), ("verdict", "verdict"),
         ),
     ),
     "tower": (
@@ -204,7 +204,7 @@ def _cell(r: dict[str, Any], key: str) -> str:
         return f"{_num(r['check_err'], 2)} ({_num(r['check_tol'], 2)})"
     if key == "median_s":
         return _num(r["median_ms"] / 1e3, 3) if r["median_ms"] != "" else ""
-    if key == "pct_of_baseline":
+    if key in ("pct_of_baseline", "pct_of_peak"):
         return f"{_num(r[key], 3)}%" if r[key] != "" else ""
     if key in ("median_ms", "p10_ms", "p90_ms"):
         return _num(r[key])

@@ -13,6 +13,7 @@ import numpy as np
 
 from .baselines import Baselines
 from .kernels import Builder, KernelCase, cuda_cases, numba_cases
+from .peaks import peak_for
 from .plan import Plan
 from .report import ERROR, FAIL, PASS, SKIP, Report
 from .timing import Timer, cupy_timer, host_timer, measure, numba_timer, summarize
@@ -155,6 +156,9 @@ def _one_kernel(report: Report, baselines: Baselines, where: Where, name: str, b
             )
     except Exception as e:
         values["baseline"] = f"baseline failed: {_short(e)}"
+    peak = peak_for(None if where.label.endswith("(CPU)") else where.label, case.unit, case.dtype)
+    if peak is not None:
+        values.update(peak=peak[1], pct_of_peak=100.0 * rate / peak[0])
     ok = math.isfinite(err) and err <= tol
     status = PASS if ok else FAIL
     report.add_row(
