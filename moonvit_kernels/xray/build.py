@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -172,14 +173,82 @@ def binaries(
     return [Binary(**d) for d in json.loads(index.read_text(encoding="utf-8"))]
 
 
+def _build_selected_into(arch: str, out: Path, request: dict) -> None:
+    """Build chosen package kernels (`labels`) and/or functions of a Python file (`file`, `entries`)."""
+    import importlib.util
+
+    from moonvit_kernels.numba_backend import compile_check
+
+    todo = []
+    wanted_labels = set(request.get("labels", ()))
+    if wanted_labels:
+        for name in compile_check.kernel_modules():
+            module = importlib.import_module(name)
+            for fn, signature, *rest in getattr(module, "COMPILE_SIGNATURES", ()):
+                if fn.__name__ in wanted_labels:
+                    todo.append((fn, signature, rest[0] if rest else compile_check.DEFAULT_MAX_REGISTERS))
+    if request.get("file"):
+        spec = importlib.util.spec_from_file_location("xray_snippet", request["file"])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        todo += [(getattr(module, fn), signature, 255) for fn, signature in request.get("entries", ())]
+    out.mkdir(parents=True, exist_ok=True)
+    index = []
+    for fn, signature, limit in todo:
+        report, cubin = compile_check.build_kernel(fn, signature, limit, "selected", _ARCH_CC[arch])
+        if cubin is None:
+            raise RuntimeError(f"{fn.__name__}: {report.error}")
+        path = out / f"{fn.__name__}.{arch}.cubin"
+        path.write_bytes(cubin)
+        res = _resources(cubin)
+        index.append(
+            asdict(
+                Binary("numba", fn.__name__, arch, str(path), res["registers"], res["static_shared"],
+                       report.stack_bytes or 0, report.spill_stores or 0, report.spill_loads or 0)
+            )
+        )  # fmt: skip
+    (out / "index.json").write_text(json.dumps(index, indent=1), encoding="utf-8")
+
+
+def compile_numba(
+    out_dir: str | os.PathLike,
+    labels: Sequence[str] = (),
+    file: str | os.PathLike | None = None,
+    entries: Sequence[tuple[str, str]] = (),
+    arch: str = "sm_90",
+) -> list[Binary]:
+    """Compile a few numba kernels for `arch` in a subprocess (simulator off), without caching:
+    package kernels named by `labels` (their cubin labels, e.g. "gemm_v3_none") and functions of the
+    Python `file` given as `entries` [(function name, numba signature)]. Binaries in order built."""
+    out = Path(out_dir)
+    request = {"labels": list(labels), "file": str(file) if file else None, "entries": [list(e) for e in entries]}
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_DIR.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    r = subprocess.run(
+        [sys.executable, "-m", "moonvit_kernels.xray.build", "numba-select", arch, str(out), json.dumps(request)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"compiling {labels or entries} failed:\n{r.stderr[-3000:]}")
+    return [Binary(**d) for d in json.loads((out / "index.json").read_text(encoding="utf-8"))]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Subprocess entry: `numba ARCH DIR` builds the numba kernels for ARCH into DIR."""
+    """Subprocess entry: `numba ARCH DIR` builds every numba kernel for ARCH into DIR;
+    `numba-select ARCH DIR JSON` builds those named in JSON (see `compile_numba`)."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 3 or args[0] != "numba":
-        print("usage: python -m moonvit_kernels.xray.build numba ARCH DIR", file=sys.stderr)
+    if not ((len(args) == 3 and args[0] == "numba") or (len(args) == 4 and args[0] == "numba-select")):
+        usage = "usage: python -m moonvit_kernels.xray.build numba ARCH DIR | numba-select ARCH DIR JSON"
+        print(usage, file=sys.stderr)
         return 2
     os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
-    _build_numba_into(args[1], Path(args[2]))
+    if args[0] == "numba":
+        _build_numba_into(args[1], Path(args[2]))
+    else:
+        _build_selected_into(args[1], Path(args[2]), json.loads(args[3]))
     return 0
 
 
