@@ -103,6 +103,8 @@ class Source:
                 self._sizes[name] = int(self.fs.info(self.path(name))["size"])
             except FileNotFoundError:
                 raise FetchError(f"{self.label}: no file {name} ({self.path(name)})") from None
+            except Exception as e:  # unreachable host, refused connection, ...
+                raise FetchError(f"{self.label}: cannot reach {name} ({type(e).__name__}: {one_line(e)})") from None
         return self._sizes[name]
 
     def exists(self, name: str) -> bool:
@@ -117,6 +119,8 @@ class Source:
             data = self.fs.cat_file(self.path(name))
         except FileNotFoundError:
             raise FetchError(f"{self.label}: no file {name} ({self.path(name)})") from None
+        except Exception as e:
+            raise FetchError(f"{self.label}: cannot read {name} ({type(e).__name__}: {one_line(e)})") from None
         self.bytes_read += len(data)
         return data.decode("utf-8")
 
@@ -150,7 +154,10 @@ class Source:
 
 def open_source(source: str | os.PathLike, revision: str | None = None) -> Source:
     """A `Source` for `hf://ORG/REPO[@REV]` (revision resolved to a commit), `http(s)://…/` or a folder."""
-    import fsspec
+    try:
+        import fsspec
+    except ImportError:
+        raise FetchError("fetching needs fsspec: pip install 'moonvit_kernels[hub]'") from None
 
     text = str(source)
     if text.startswith("hf://"):
@@ -158,7 +165,11 @@ def open_source(source: str | os.PathLike, revision: str | None = None) -> Sourc
         fs, commit = hf_filesystem(repo, revision or rev)
         return Source(fs, f"{repo}@{commit}", text, repo=repo, revision=commit)
     if re.match(r"^https?://", text):
-        return Source(fsspec.filesystem("http"), text.rstrip("/"), text)
+        try:
+            fs = fsspec.filesystem("http")
+        except ImportError:
+            raise FetchError("http(s):// sources need aiohttp: pip install 'moonvit_kernels[hub]'") from None
+        return Source(fs, text.rstrip("/"), text)
     folder = Path(text).resolve()
     if not folder.is_dir():
         raise FetchError(f"{text}: not a checkpoint folder, hf://ORG/REPO or http(s):// URL")

@@ -266,6 +266,11 @@ def test_resume_after_an_interrupted_transfer(checkpoint, server, tmp_path):
 def test_fetch_errors_are_clear(checkpoint, server, tmp_path):
     with pytest.raises(hub.FetchError, match=r"no file config\.json"):
         hub.fetch(server.url + "/nowhere", tmp_path / "a", progress=False)
+    closed = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    port = closed.server_address[1]
+    closed.server_close()  # nothing listens there now
+    with pytest.raises(hub.FetchError, match=r"cannot (reach|read) config\.json"):
+        hub.fetch(f"http://127.0.0.1:{port}/ckpt", tmp_path / "c", progress=False)
     with pytest.raises(hub.FetchError, match="not a checkpoint folder"):
         hub.fetch(str(tmp_path / "missing"), tmp_path / "b", progress=False)
     with pytest.raises(hub.FetchError, match="hf://ORG/REPO"):
