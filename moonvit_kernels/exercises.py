@@ -127,6 +127,12 @@ def _gemm_case(rng: np.random.Generator) -> Case:
     )
 
 
+def _gemm_register_case(rng: np.random.Generator) -> Case:
+    case = _gemm_case(rng)
+    case.grid = (_ceil(GEMM_N, 2 * GEMM_TILE), _ceil(GEMM_M, 2 * GEMM_TILE))  # 32×32 outputs per block
+    return case
+
+
 # ============================================================================ 02 RMSNorm
 NORM_ROWS, NORM_COLS, NORM_THREADS, NORM_EPS = 7, 75, 32, 1e-5
 
@@ -353,6 +359,15 @@ EXERCISES: dict[str, Exercise] = {
             "Thread (ty, tx) stages a_tile[ty, tx] = A[m, k0 + tx] and b_tile[ty, tx] = B[n_load, k0 + tx]; past the "
             "edge of A or B it must store 0.0 (the last K tile is partial: K = 35). Consecutive tx read consecutive "
             "k: coalesced.",
+        ),
+        Exercise(
+            "gemm_register_tile",
+            "01_patch_embed_gemm",
+            "GEMM v3's idea: each thread accumulates a 2×2 patch of outputs in registers",
+            _gemm_register_case,
+            "For each kk of the tile: load a_reg[i] = a_tile[ty·TM + i, kk] (i < TM) and b_reg[j] = "
+            "b_tile[tx·TN + j, kk] (j < TN) into registers, then acc[i, j] += a_reg[i]·b_reg[j] — TM·TN FMAs for "
+            "TM + TN shared-memory reads.",
         ),
         Exercise(
             "rmsnorm_reduction",

@@ -517,6 +517,55 @@ def gemm_tile_loads(A, B, C, M, N, K):
 result = check("gemm_tile_loads", gemm_tile_loads)
 
 # %% [markdown]
+# **C.** GEMM v3's idea, register blocking, at a small scale: a block of 16×16 threads owns 32×32 outputs,
+# each thread a 2×2 patch held in registers (`acc`). The tile loads are written; for each `kk` of a tile,
+# load the `TM` values of A and the `TN` values of B this thread needs into registers, then do the `TM·TN`
+# multiply-adds.
+
+# %%
+# YOUR TURN: gemm_register_tile — launched by check() as gemm_register_tile[(⌈N/32⌉, ⌈M/32⌉), (16, 16)](A, B, C, M, N, K)
+TM, TN = 2, 2  # outputs per thread: TM rows × TN columns
+
+
+@cuda.jit
+def gemm_register_tile(A, B, C, M, N, K):
+    a_tile = cuda.shared.array((TM * TILE, TILE), float32)  # a_tile[r, kk] = A[m0 + r, k0 + kk]
+    b_tile = cuda.shared.array((TN * TILE, TILE + 1), float32)  # b_tile[r, kk] = B[n0 + r, k0 + kk]
+    acc = cuda.local.array((TM, TN), float32)
+    a_reg = cuda.local.array(TM, float32)
+    b_reg = cuda.local.array(TN, float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    m0 = cuda.blockIdx.y * TM * TILE
+    n0 = cuda.blockIdx.x * TN * TILE
+    for i in range(TM):
+        for j in range(TN):
+            acc[i, j] = float32(0.0)
+    for k0 in range(0, K, TILE):
+        k = k0 + tx
+        for s in range(TM):  # each thread stages TM rows of A and TN rows of B
+            r = ty + s * TILE
+            a_tile[r, tx] = A[m0 + r, k] if (m0 + r < M and k < K) else float32(0.0)
+        for s in range(TN):
+            r = ty + s * TILE
+            b_tile[r, tx] = B[n0 + r, k] if (n0 + r < N and k < K) else float32(0.0)
+        cuda.syncthreads()
+        # ▼ your code: for kk in range(TILE): a_reg[i] = a_tile[ty·TM + i, kk], b_reg[j] = b_tile[tx·TN + j, kk],
+        #   then acc[i, j] += a_reg[i]·b_reg[j]
+        pass
+        # ▲
+        cuda.syncthreads()
+    for i in range(TM):
+        for j in range(TN):
+            m = m0 + ty * TM + i
+            n = n0 + tx * TN + j
+            if m < M and n < N:
+                C[m, n] = acc[i, j]
+
+
+result = check("gemm_register_tile", gemm_register_tile)
+
+# %% [markdown]
 # ### Worked exercises
 #
 # Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.
