@@ -308,10 +308,7 @@ def summary(report: Report, arch: str = "sm_90") -> str:
 
 def plots(report: Report, out: Path, archs: Sequence[str], measured: Sequence[dict] = ()) -> list[Path]:
     """roofline_<gpu>.png for each GPU of the archs, and hot_loop_instr_per_fma.png."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     paths = []
     for key, gpu in arch_table.GPUS.items():
@@ -332,7 +329,8 @@ def plots(report: Report, out: Path, archs: Sequence[str], measured: Sequence[di
     arch = "sm_90" if "sm_90" in archs else archs[0]
     rows = [r for r in report.rows if r.arch == arch and r.hot_loop_per_fma is not None and r.k3]
     if rows:
-        fig, ax = plt.subplots(figsize=(9, max(3, 0.28 * len(rows))))
+        fig = Figure(figsize=(9, max(3, 0.28 * len(rows))))
+        ax = fig.subplots()
         labels = [f"{r.backend}:{r.kernel}" for r in rows]
         ax.barh(
             labels, [r.hot_loop_per_fma for r in rows], color=["C0" if r.backend == "numba" else "C1" for r in rows]
@@ -345,6 +343,5 @@ def plots(report: Report, out: Path, archs: Sequence[str], measured: Sequence[di
         fig.tight_layout()
         p = out / "hot_loop_instr_per_fma.png"
         fig.savefig(p, dpi=110)
-        plt.close(fig)
         paths.append(p)
     return paths

@@ -62,19 +62,18 @@ def plot(infos: Sequence[KernelInfo], gpu: GpuPeaks, path: str | Path, measured:
     Filled markers: the kernel as written (x = FLOPs / bytes its global loads request, y = the rate
     the roof allows at that intensity). Hollow markers: the same kernel at its compulsory intensity
     (FLOPs / DRAM bytes). Measured points from `measured` (gpu_check rows) are stars."""
-    import matplotlib
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 6))
+    fig = Figure(figsize=(9, 6))  # no pyplot: works under any backend, inline or headless
+    ax = fig.subplots()
     xs = [10 ** (k / 20) for k in range(-60, 101)]
     bw = gpu.dram_bytes_per_s
     for peak, style in (("fp32", "-"), ("bf16", "--")):
         p = peak_flops(gpu, peak)
         ax.plot(xs, [min(p, x * bw) / 1e12 for x in xs], style, color="k", lw=1.2, label=f"roof, {peak} (datasheet)")
     families = sorted({i.family for i in infos})
-    colours = dict(zip(families, plt.cm.tab10.colors, strict=False))
+    colours = dict(zip(families, colormaps["tab10"].colors, strict=False))
     for info in infos:
         if info.flops is None or not info.request_bytes:
             continue
@@ -115,5 +114,4 @@ def plot(infos: Sequence[KernelInfo], gpu: GpuPeaks, path: str | Path, measured:
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
