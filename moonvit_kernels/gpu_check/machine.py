@@ -149,6 +149,8 @@ def describe(simulate: bool, gpu: str | None) -> tuple[list[tuple[str, str]], li
     for module in OPTIONAL:
         v = version_of(module)
         rows.append((module, v))
+        if v == "not installed" and module == "cupy" and simulate:
+            continue  # --simulate runs the CUDA C kernels on the emulator, not through CuPy
         if v == "not installed" and module in ("numba", "numba_cuda", "cupy"):
             notes.append(f"{module} is not installed: its checks are skipped")
         elif v.startswith("broken"):
