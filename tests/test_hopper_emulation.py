@@ -67,7 +67,7 @@ def test_planted_fault_is_visible(hop):
 @needs_cxx
 def test_gemm_sm90_rejects_what_it_cannot_do(hop):
     a = np.zeros((4, 12), np.uint16)
-    with pytest.raises(ValueError, match="K % 8 == 0"):
+    with pytest.raises(ValueError, match="K % 8 == 0"):  # from tensor_maps.gemm_operand_map
         hop.gemm(a, np.zeros((3, 12), np.uint16))
     with pytest.raises(ValueError, match="bf16 operands"):
         hop.gemm(np.zeros((4, 16), np.float32), np.zeros((3, 16), np.float32))
@@ -97,6 +97,21 @@ def test_flash_attn_sm90_rejects_what_it_cannot_do(hop):
         hop.attention(np.zeros((4, 3 * 64), np.float32), cu, 1, 64)
     with pytest.raises(ValueError, match="columns"):
         hop.attention(np.zeros((4, 3 * 64), np.uint16), cu, 2, 64)
+
+
+# ============================================================================ tensor-map parameters
+def test_tensor_map_parameters():
+    from moonvit_kernels.cuda_backend import tensor_maps
+
+    m = tensor_maps.gemm_operand_map(70, 40)
+    assert (m.dims, m.strides, m.box, m.swizzle, m.box_bytes) == ((40, 70), (80,), (64, 128), 128, 16384)
+    sw, raw = tensor_maps.attention_qkv_maps(L=100, H=16, head_dim=72)
+    assert (sw.dims, sw.strides, sw.box, sw.swizzle) == ((72, 48, 100), (144, 2 * 3 * 16 * 72), (64, 1, 64), 128)
+    assert raw.swizzle == 0 and raw.dims == sw.dims
+    with pytest.raises(ValueError, match="K % 8 == 0"):
+        tensor_maps.gemm_operand_map(70, 588)
+    with pytest.raises(ValueError, match="head_dim a multiple of 8"):
+        tensor_maps.attention_qkv_maps(10, 2, 136)
 
 
 # ============================================================================ NVRTC for sm_90a

@@ -188,6 +188,36 @@ def test_wgmma_from_swizzled_shared_memory(hop, span, n):
         assert np.isnan(early).all()
 
 
+def a_fragment(a_bits: np.ndarray) -> np.ndarray:
+    """[128, 4] uint32: thread t's A registers for wgmma m64nNk16 with A in registers, per the PTX ISA
+    figure (matrix A): warp w holds rows 16w..16w+15; lane l's a0, a1 = row l/4, columns 2(l%4), +1;
+    a2, a3 = row l/4 + 8; a4..a7 = the same rows, columns + 8; two bf16 per register, low half first."""
+    regs = np.zeros((128, 4), np.uint32)
+    for t in range(128):
+        w, lane = divmod(t, 32)
+        for i in range(8):
+            row = 16 * w + lane // 4 + 8 * ((i // 2) % 2)
+            col = 2 * (lane % 4) + i % 2 + 8 * (i // 4)
+            regs[t, i // 2] |= np.uint32(a_bits[row, col]) << np.uint32(16 * (i % 2))
+    return regs
+
+
+@pytest.mark.parametrize("n", [128, 64, 16])
+def test_wgmma_with_a_in_registers(hop, n):
+    r = np.random.default_rng(n)
+    a = bits(r.standard_normal((64, 16)))
+    b = bits(r.standard_normal((n, 16)) + 0.3)
+    image = np.zeros(32 * 1024, np.uint8)
+    place_kmajor(image, b, 0, 128, k0=16)
+    from moonvit_kernels.weights import bf16_bits_to_float32
+
+    d = bf16_bits_to_float32(a).astype(np.float64) @ bf16_bits_to_float32(b).astype(np.float64).T
+    rows, cols = fragment_owner(n)
+    init = r.standard_normal((128, n // 2)).astype(np.float32)
+    out, _ = hop.wgmma_probe(image, n, (0, 0, 0, 0), (32, 16, 1024, 128), init=init, a_regs=a_fragment(a))
+    np.testing.assert_allclose(out, d[rows, cols] + init, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [(1, "without a wgmma.fence"), (2, "issued different operations"), (4, "overwrites shared memory"), (0, "")],

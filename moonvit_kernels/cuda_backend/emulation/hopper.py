@@ -24,10 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from moonvit_kernels.cuda_backend import sources as kcuda
+from moonvit_kernels.cuda_backend import tensor_maps
 from moonvit_kernels.cuda_backend.emulation import compiler
 
 HERE = Path(__file__).resolve().parent
-KERNEL_FILES = ("gemm_bf16_sm90.cu", "flash_attn_sm90.cu", "common.cuh", "sm90.cuh")  # compiled as they are
+KERNEL_FILES = ("gemm_bf16_sm90.cu", "flash_attn_sm90.cu", "common.cuh", "sm90.cuh")
+# compiled as they are; tensor_maps.py (the maps' parameters) is used from Python, as a GPU launcher would
 STANDINS = ("prelude.h", "cuda_bf16.h", "hopper.cuh", "ptx_sm90.cuh", "hopper_driver.cpp")
 _DYNAMIC_SMEM = "extern __shared__ __align__(16) unsigned char smem_raw[];"
 SMEM_BASE = 0x410  # shared address of dynamic shared memory's first byte in the model (hopper.cuh)
@@ -115,6 +117,32 @@ def array_module():
     return np
 
 
+def _model_map(m: tensor_maps.TiledMap, address: int) -> np.ndarray:
+    """`m` for a tensor at `address`, encoded by the model of cuTensorMapEncodeTiled (a 64-byte aligned view)."""
+    buf = np.zeros(256, np.uint8)
+    view = buf[(-buf.ctypes.data) % 64 :][:128]
+    d = np.asarray(m.dims, np.uint64)
+    s = np.asarray(list(m.strides) or [0], np.uint64)
+    bx = np.asarray(m.box, np.uint32)
+    why = ctypes.create_string_buffer(200)
+    rc = library().hop_encode_tiled(
+        _ptr(view),
+        _u(2),
+        _u(len(d)),
+        ctypes.c_void_p(address),
+        _ptr(d),
+        _ptr(s),
+        _ptr(bx),
+        _i(m.swizzle),
+        _i(0),
+        why,
+        _i(200),
+    )
+    if rc:
+        raise ValueError(f"tensor map {m} rejected: {why.value.decode()}")
+    return view
+
+
 def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32", fault: int = 0):
     """launchers.gemm for bf16 operands on the sm90 kernel (emulated). K % 8 == 0 (TMA strides).
 
@@ -125,24 +153,23 @@ def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32",
     N, K2 = b.shape
     if K != K2:
         raise ValueError(f"gemm: inner dimensions differ (A has K={K}, B has K={K2})")
-    if K % 8:
-        raise ValueError(f"gemm_bf16_sm90 needs K % 8 == 0 (16-byte tensor-map strides), got K={K}")
     if epilogue not in _EPI:
         raise ValueError(f"unknown epilogue {epilogue!r}; known: {', '.join(_EPI)}")
+    map_a = _model_map(tensor_maps.gemm_operand_map(M, K), _ptr(a).value)
+    map_b = _model_map(tensor_maps.gemm_operand_map(N, K), _ptr(b).value + (16 if fault == 1 else 0))
     if out is None:
         out = np.full((M, N), np.nan, np.float32) if out_dtype == "float32" else np.full((M, N), 0x7FC0, np.uint16)
     r = out if residual is None else residual
     rc = library().hop_gemm_sm90(
         _i(out.dtype == np.uint16),
         _i(_EPI[epilogue]),
-        _ptr(a),
-        _ptr(b),
+        _ptr(map_a),
+        _ptr(map_b),
         _ptr(out),
         _ptr(r),
         _i(M),
         _i(N),
         _i(K),
-        _i(fault),
     )
     if rc:
         raise RuntimeError(f"gemm_bf16_sm90 emulation failed (rc={rc})")
@@ -164,16 +191,17 @@ def attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
     cu = np.ascontiguousarray(cu_seqlens if cu_seqlens_device is None else cu_seqlens_device, dtype=np.int32)
     out = np.full((L, num_heads * head_dim), 0x7FC0, np.uint16)
     lse = np.full((L, num_heads), np.nan, np.float32)
+    sw, raw = (_model_map(m, _ptr(qkv).value) for m in tensor_maps.attention_qkv_maps(L, num_heads, head_dim))
     rc = library().hop_attention_sm90(
         _i(head_dim),
-        _ptr(qkv),
+        _ptr(sw),
+        _ptr(raw),
         _ptr(out),
         _ptr(lse),
         _ptr(cu),
         _i(cu.size - 1),
         _i(int(np.max(np.diff(cu)))),
         _i(num_heads),
-        _i(L),
     )
     if rc:
         raise RuntimeError(f"flash_attn_sm90 emulation failed (rc={rc})")
@@ -270,11 +298,12 @@ def mbar_script(steps: list[tuple[str, int]]) -> list[int]:
     return [int(v) for v in res[: sum(o == "try_wait" for o, _ in steps)]]
 
 
-def wgmma_probe(image: np.ndarray, n: int, a_desc, b_desc, scale_d=1, init=None, flags=0):
+def wgmma_probe(image: np.ndarray, n: int, a_desc, b_desc, scale_d=1, init=None, flags=0, a_regs=None):
     """One wgmma m64nNk16 of one warpgroup over the shared-memory `image` (uint8, placed 1024-aligned).
 
-    a_desc / b_desc: (offset in the image, lbo, sbo, swizzle span). Returns (out, early): each
-    thread's n/2 accumulator registers [128, n/2] after the wait and right after the issue."""
+    a_desc / b_desc: (offset in the image, lbo, sbo, swizzle span); `a_regs` [128, 4] uint32: A from
+    registers instead (thread t's fragment). Returns (out, early): each thread's n/2 accumulator
+    registers [128, n/2] after the wait and right after the issue."""
     image = np.ascontiguousarray(image, np.uint8)
     r = n // 2
     init = np.zeros((128, r), np.float32) if init is None else np.ascontiguousarray(init, np.float32)
@@ -282,6 +311,9 @@ def wgmma_probe(image: np.ndarray, n: int, a_desc, b_desc, scale_d=1, init=None,
     early = np.zeros((128, r), np.float32)
     ad = np.asarray([a_desc[0], a_desc[1], a_desc[2], SWIZZLE_MODE[a_desc[3]]], np.uint32)
     bd = np.asarray([b_desc[0], b_desc[1], b_desc[2], SWIZZLE_MODE[b_desc[3]]], np.uint32)
+    regs = np.zeros((128, 4), np.uint32) if a_regs is None else np.ascontiguousarray(a_regs, np.uint32)
+    if a_regs is not None:
+        flags |= 8
     library().hop_wgmma_probe(
         _ptr(image),
         _i(image.size),
@@ -293,6 +325,7 @@ def wgmma_probe(image: np.ndarray, n: int, a_desc, b_desc, scale_d=1, init=None,
         _ptr(out),
         _ptr(early),
         _i(flags),
+        _ptr(regs),
     )
     return out, early
 

@@ -14,21 +14,14 @@ unsigned char* aligned_smem() {
   return raw + ((1024u - (hx::smem_addr(raw) & 1023u)) & 1023u);
 }
 
+// The tensor maps come encoded (by the model of cuTensorMapEncodeTiled, from the parameters in
+// cuda_backend/tensor_maps.py), as a GPU launcher passes them.
 template <typename OutT, int EPI>
-int gemm_sm90_launch(const void* A, const void* B, void* C, const void* R, int M, int N, int K, int fault) {
+int gemm_sm90_launch(const void* map_a, const void* map_b, void* C, const void* R, int M, int N, int K) {
   using namespace gemm_sm90_cfg;
   TmaMap ma, mb;
-  std::string why;
-  const uint64_t dims_a[2] = {uint64_t(K), uint64_t(M)}, dims_b[2] = {uint64_t(K), uint64_t(N)};
-  const uint64_t row_bytes[1] = {uint64_t(K) * 2};
-  const uint32_t box_a[2] = {BK, BM}, box_b[2] = {BK, BN};
-  // fault 1 (a planted bug for the self-check tests): B's map starts 8 elements late
-  const unsigned char* b_start = static_cast<const unsigned char*>(B) + (fault == 1 ? 16 : 0);
-  if (hx::encode_tiled(&ma, 2, 2, A, dims_a, row_bytes, box_a, 128, 0, &why) ||
-      hx::encode_tiled(&mb, 2, 2, b_start, dims_b, row_bytes, box_b, 128, 0, &why)) {
-    std::fprintf(stderr, "emulation (hopper): cuTensorMapEncodeTiled: %s\n", why.c_str());
-    return 1;
-  }
+  std::memcpy(&ma, map_a, sizeof ma);
+  std::memcpy(&mb, map_b, sizeof mb);
   const int regs_at_entry = 168;  // __launch_bounds__(384, 1): 65536 / 384 rounded down to a multiple of 8
   hx::launch_async(dim3{unsigned((N + BN - 1) / BN), unsigned((M + BM - 1) / BM), 1}, dim3{THREADS, 1, 1},
                    SMEM_BYTES, regs_at_entry,
@@ -36,28 +29,22 @@ int gemm_sm90_launch(const void* A, const void* B, void* C, const void* R, int M
   return 0;
 }
 template <typename T>
-int gemm_sm90_dispatch(int epi, const void* A, const void* B, void* C, const void* R, int M, int N, int K, int fault) {
+int gemm_sm90_dispatch(int epi, const void* ma, const void* mb, void* C, const void* R, int M, int N, int K) {
   switch (epi) {
-    case 0: return gemm_sm90_launch<T, 0>(A, B, C, R, M, N, K, fault);
-    case 1: return gemm_sm90_launch<T, 1>(A, B, C, R, M, N, K, fault);
-    case 2: return gemm_sm90_launch<T, 2>(A, B, C, R, M, N, K, fault);
-    case 3: return gemm_sm90_launch<T, 3>(A, B, C, R, M, N, K, fault);
+    case 0: return gemm_sm90_launch<T, 0>(ma, mb, C, R, M, N, K);
+    case 1: return gemm_sm90_launch<T, 1>(ma, mb, C, R, M, N, K);
+    case 2: return gemm_sm90_launch<T, 2>(ma, mb, C, R, M, N, K);
+    case 3: return gemm_sm90_launch<T, 3>(ma, mb, C, R, M, N, K);
   }
   return 2;
 }
 template <int HD>
-int attn_sm90_launch(const void* qkv, void* out, float* lse, const int* cu, int nitems, int max_len, int H, int L) {
+int attn_sm90_launch(const void* map_sw, const void* map_raw, void* out, float* lse, const int* cu, int nitems,
+                     int max_len, int H) {
   using Cfg = AttnSm90Cfg<HD>;
   TmaMap sw, raw;
-  std::string why;
-  const uint64_t dims[3] = {uint64_t(HD), uint64_t(3 * H), uint64_t(L)};
-  const uint64_t strides[2] = {uint64_t(HD) * 2, uint64_t(3 * H * HD) * 2};
-  const uint32_t box[3] = {64, 1, 64};
-  if (hx::encode_tiled(&sw, 2, 3, qkv, dims, strides, box, 128, 0, &why) ||
-      hx::encode_tiled(&raw, 2, 3, qkv, dims, strides, box, 0, 0, &why)) {
-    std::fprintf(stderr, "emulation (hopper): cuTensorMapEncodeTiled: %s\n", why.c_str());
-    return 1;
-  }
+  std::memcpy(&sw, map_sw, sizeof sw);
+  std::memcpy(&raw, map_raw, sizeof raw);
   const float scale_log2 = (1.0f / std::sqrt((float)HD)) * 1.4426950408889634f;
   hx::launch_async(dim3{unsigned((max_len + Cfg::BQ - 1) / Cfg::BQ), unsigned(H), unsigned(nitems)},
                    dim3{Cfg::THREADS, 1, 1}, Cfg::SMEM_BYTES, 248,
@@ -67,21 +54,20 @@ int attn_sm90_launch(const void* qkv, void* out, float* lse, const int* cu, int 
 }  // namespace
 
 extern "C" {
-int hop_attention_sm90(int hd, const void* qkv, void* out, float* lse, const int* cu, int nitems, int max_len, int H,
-                       int L) {
+int hop_gemm_sm90(int out_bf16, int epi, const void* map_a, const void* map_b, void* C, const void* R, int M, int N,
+                  int K) {
+  return out_bf16 ? gemm_sm90_dispatch<bf16>(epi, map_a, map_b, C, R, M, N, K)
+                  : gemm_sm90_dispatch<float>(epi, map_a, map_b, C, R, M, N, K);
+}
+int hop_attention_sm90(int hd, const void* map_sw, const void* map_raw, void* out, float* lse, const int* cu,
+                       int nitems, int max_len, int H) {
   switch (hd) {
-    case 24: return attn_sm90_launch<24>(qkv, out, lse, cu, nitems, max_len, H, L);
-    case 64: return attn_sm90_launch<64>(qkv, out, lse, cu, nitems, max_len, H, L);
-    case 72: return attn_sm90_launch<72>(qkv, out, lse, cu, nitems, max_len, H, L);
-    case 128: return attn_sm90_launch<128>(qkv, out, lse, cu, nitems, max_len, H, L);
+    case 24: return attn_sm90_launch<24>(map_sw, map_raw, out, lse, cu, nitems, max_len, H);
+    case 64: return attn_sm90_launch<64>(map_sw, map_raw, out, lse, cu, nitems, max_len, H);
+    case 72: return attn_sm90_launch<72>(map_sw, map_raw, out, lse, cu, nitems, max_len, H);
+    case 128: return attn_sm90_launch<128>(map_sw, map_raw, out, lse, cu, nitems, max_len, H);
   }
   return 2;
-}
-
-int hop_gemm_sm90(int out_bf16, int epi, const void* A, const void* B, void* C, const void* R, int M, int N, int K,
-                  int fault) {
-  return out_bf16 ? gemm_sm90_dispatch<bf16>(epi, A, B, C, R, M, N, K, fault)
-                  : gemm_sm90_dispatch<float>(epi, A, B, C, R, M, N, K, fault);
 }
 
 // ---------------------------------------------------------------- pure functions
@@ -179,8 +165,9 @@ void hop_mbar_deadlock() {
 // its registers in out[t][0..n/2) after the wait and in early[t][...] right after the issue.
 // flags: 1 = skip wgmma.fence, 2 = thread 5 gives a different B descriptor, 4 = thread 0 starts a
 // bulk tensor copy into B's bytes (offset b_desc[0], 128-aligned) before waiting for the wgmma.
+// 8 = A from registers: thread t passes a_regs[4t .. 4t + 4) (the m64nNk16 A fragment) instead of a_desc.
 void hop_wgmma_probe(const void* image, int image_bytes, int n, const unsigned* a_desc, const unsigned* b_desc,
-                     int scale_d, const float* init, float* out, float* early, int flags) {
+                     int scale_d, const float* init, float* out, float* early, int flags, const unsigned* a_regs) {
   alignas(16) static unsigned short g[8 * 64] = {};
   TmaMap map;
   const uint64_t dims[2] = {64, 8}, pitch[1] = {128};
@@ -199,7 +186,12 @@ void hop_wgmma_probe(const void* image, int image_bytes, int n, const unsigned* 
     float acc[128];
     for (int i = 0; i < r; ++i) acc[i] = init[t * r + i];
     if (!(flags & 1)) wgmma_fence();
-    if (n == 128) {
+    if (flags & 8) {
+      const unsigned(&a)[4] = *reinterpret_cast<const unsigned(*)[4]>(a_regs + 4 * t);
+      if (n == 128) wgmma_m64n128k16_rs(*reinterpret_cast<float(*)[64]>(acc), a, db, scale_d);
+      else if (n == 64) wgmma_m64n64k16_rs(*reinterpret_cast<float(*)[32]>(acc), a, db, scale_d);
+      else hx::wgmma_issue(acc, n, 0, db, scale_d, a);
+    } else if (n == 128) {
       float(&d)[64] = *reinterpret_cast<float(*)[64]>(acc);
       wgmma_m64n128k16_ss(d, da, db, scale_d);
     } else {
