@@ -4,6 +4,8 @@ The simulator runs one Python thread per CUDA thread, so one forward of the tiny
 kept to ~40 tokens and run once per module; every check reads that one run.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 from helpers import assert_close, random_pixels
@@ -65,3 +67,37 @@ def test_numba_backend_rejects_bad_input(run):
         MoonViT(CFG, w, backend="numba", gemm_version=4)
     with pytest.raises(ValueError, match="unknown backend"):
         MoonViT(CFG, w, backend="tpu")
+
+
+def _count_device_traffic(monkeypatch, n_layers: int) -> dict[str, int]:
+    """Device allocations and host->device uploads made by one forward with `n_layers` encoder layers."""
+    from numba import cuda
+
+    cfg = dataclasses.replace(CFG, vt_num_hidden_layers=n_layers)
+    grid = np.array([[1, 2, 2]])  # 4 tokens, one merged token: the smallest forward
+    model = MoonViT(cfg, random_weights(cfg, seed=5), backend="numba")
+    pv = random_pixels(grid, cfg.patch_size, seed=6)
+    counts = {"to_device": 0, "device_array": 0, "device_array_like": 0}
+    for name in counts:
+        original = getattr(cuda, name)
+
+        def spy(*args, _name=name, _original=original, **kwargs):
+            counts[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(cuda, name, spy)
+    out = model.forward(pv, grid, as_numpy=True)
+    monkeypatch.undo()
+    ref_out = ref.vision_forward(pv, grid, random_weights(cfg, seed=5), cfg, dtype=np.float64)
+    assert_close(out[0], ref_out[0], rtol=2e-4, atol=2e-4, name=f"{n_layers} layers")
+    return counts
+
+
+def test_device_allocations_and_uploads_do_not_grow_with_layers(monkeypatch):
+    """Tables are uploaded once per forward and the layers share one workspace: one layer or two, the
+    forward makes the same allocations and uploads (it made ~9 more per layer before)."""
+    one = _count_device_traffic(monkeypatch, 1)
+    two = _count_device_traffic(monkeypatch, 2)
+    print(f"\ndevice traffic per forward (1 layer): {one}")
+    assert two == one, f"1 layer: {one}, 2 layers: {two}"
+    assert one["to_device"] >= 1 and one["device_array"] >= 6, one  # the spy sees the traffic

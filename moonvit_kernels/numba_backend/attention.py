@@ -35,13 +35,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numba import cuda, float32
 
 from .device_functions import REDUCE_MAX, REDUCE_SUM, block_reduce
-from .launch import ceil_div, check_array, check_launch, check_positive, device_array, to_device
+from .launch import ceil_div, check_array, check_launch, check_positive, copy_back, device_array, to_device
 
 VERSIONS = (1, 2)
 
@@ -352,6 +353,28 @@ def _check_power_of_two(name: str, value: Any, largest: int) -> int:
     return int(value)
 
 
+@dataclass(frozen=True)
+class AttentionTables:
+    """`cu_seqlens [N + 1]` and the v2 tile table `[T, 2]` of one packing, checked, on the host and on
+    the device. Build it once per forward (`attention_tables`) and pass it as `cu_seqlens` to every
+    layer's `attention` call: no table is re-validated or re-uploaded per layer."""
+
+    cu_host: np.ndarray
+    cu: Any
+    block_q: int
+    tiles_host: np.ndarray
+    tiles: Any
+
+
+def attention_tables(cu_seqlens: Any, num_tokens: int, block_q: int = V2_BLOCK_Q) -> AttentionTables:
+    """Validate `cu_seqlens` against `num_tokens` and upload it with the v2 tile table for `block_q`."""
+    cu_host = check_cu_seqlens(cu_seqlens, num_tokens)
+    block_q = check_positive("block_q", block_q)
+    tiles_host = query_tiles(cu_host, block_q)
+    cu = cu_seqlens if not isinstance(cu_seqlens, np.ndarray) else to_device(cu_host)
+    return AttentionTables(cu_host, cu, block_q, tiles_host, to_device(tiles_host))
+
+
 # ============================================================================ launcher
 def attention(
     qkv: Any,
@@ -362,13 +385,17 @@ def attention(
     threads: int = V1_THREADS,
     block_q: int = V2_BLOCK_Q,
     block_k: int = V2_BLOCK_K,
+    out: Any = None,
+    lse: Any = None,
 ) -> tuple[Any, Any]:
     """Packed attention of `qkv [L, 3·Q]` (q | k | v, column `s·Q + head·hd + d`, RoPE applied).
 
-    `cu_seqlens [N + 1]` int32 bounds the items; `num_heads` = H, `hd = Q / H`. `version` 1 (naive,
-    `threads` per block, items up to V1_MAX_KEYS tokens) or 2 (flash-style, `block_q` x `block_k`
-    tiles, any length). Returns device arrays `o [L, Q]` (column `head·hd + d`) and `lse [L, H]`.
-    Raises ValueError on a wrong dtype, shape, layout, item table or launch shape.
+    `cu_seqlens [N + 1]` int32 bounds the items (or an `AttentionTables` from `attention_tables`,
+    built with this `block_q`); `num_heads` = H, `hd = Q / H`. `version` 1 (naive, `threads` per
+    block, items up to V1_MAX_KEYS tokens) or 2 (flash-style, `block_q` x `block_k` tiles, any
+    length). Returns device arrays `o [L, Q]` (column `head·hd + d`) and `lse [L, H]`, written into
+    `out` and `lse` when given (device arrays to reuse). Raises ValueError on a wrong dtype, shape,
+    layout, item table or launch shape.
     """
     if version not in VERSIONS:
         raise ValueError(f"attention version must be one of {VERSIONS}, got {version!r}")
@@ -380,7 +407,20 @@ def attention(
     if q_width % H:
         raise ValueError(f"qkv: Q = {q_width} is not divisible by num_heads = {H}")
     hd = q_width // H
-    cu_host = check_cu_seqlens(cu_seqlens, L)
+    if isinstance(cu_seqlens, AttentionTables):
+        tables = cu_seqlens
+        if int(tables.cu_host[-1]) != L:
+            raise ValueError(f"attention tables cover {int(tables.cu_host[-1])} tokens but qkv has L = {L} rows")
+        if version == 2 and tables.block_q != block_q:
+            raise ValueError(f"attention tables were built for block_q={tables.block_q}, launch uses {block_q}")
+        cu_host = tables.cu_host
+    else:
+        tables = None
+        cu_host = check_cu_seqlens(cu_seqlens, L)
+    if out is not None:
+        check_array("out", out, shape=(L, q_width))
+    if lse is not None:
+        check_array("lse", lse, shape=(L, H))
     scale = np.float32(1.0 / math.sqrt(hd))
 
     if version == 1:
@@ -410,15 +450,18 @@ def attention(
         launch = check_launch(kernel, (L, H), threads, registers_of=f"attention_v1_hd{hd}_t{V1_THREADS}")
     else:
         kernel = attention_v2_kernel(hd, block_q, block_k)
-        tiles_host = query_tiles(cu_host, block_q)
+        tiles_host = query_tiles(cu_host, block_q) if tables is None else tables.tiles_host
         launch = check_launch(kernel, (tiles_host.shape[0], H), (block_k, block_q))
 
     qkv_d = to_device(qkv)
-    cu_d = to_device(cu_host)
-    o = device_array((L, q_width))
-    lse = device_array((L, H))
+    cu_d = to_device(cu_host) if tables is None else tables.cu
+    o_d = device_array((L, q_width)) if out is None else to_device(out)
+    lse_d = device_array((L, H)) if lse is None else to_device(lse)
     if version == 1:
-        kernel[launch](qkv_d, cu_d, o, lse, scale)
+        kernel[launch](qkv_d, cu_d, o_d, lse_d, scale)
     else:
-        kernel[launch](qkv_d, cu_d, to_device(tiles_host), o, lse, scale)
-    return o, lse
+        tiles_d = to_device(tiles_host) if tables is None else tables.tiles
+        kernel[launch](qkv_d, cu_d, tiles_d, o_d, lse_d, scale)
+    copy_back(out, o_d)
+    copy_back(lse, lse_d)
+    return o_d, lse_d

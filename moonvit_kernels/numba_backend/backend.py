@@ -1,25 +1,28 @@
 """The `numba` backend: the whole tower and projector with the numba.cuda kernels.
 
 Weights are uploaded once (float32, checkpoint layout `[out, in]`: every linear layer is the
-GEMM `x · Wᵀ`). Activations stay on the device from the patch GEMM to the projector's norm; only
-small int32 tables (items, cu_seqlens) travel per call, and intermediates are copied to the host
-only when asked for. Runs on a GPU, or on the CPU under numba's CUDA simulator (slow: tiny
-configs only).
+GEMM `x · Wᵀ`). Activations stay on the device from the patch GEMM to the projector's norm, and
+intermediates are copied to the host only when asked for. Per call, the small int32 tables
+(grid, items, cu_seqlens, attention tiles) are built, checked and uploaded once, and the encoder
+layers' activations live in one workspace allocated once (`Workspace`): the number of device
+allocations and uploads does not grow with the number of layers. Runs on a GPU, or on the CPU
+under numba's CUDA simulator (slow: tiny configs only).
 
-Per call (SPEC.md stage numbers):
+Per call (docs/model.md stage numbers):
   1  x = pixels [L, 3·p·p] · W_patchᵀ                          gemm
   2  x += interpolated grid (+ time[f] for video frames)       add_position_embedding (in place)
-  3  per layer: a = rmsnorm(x); qkv = a · wqkvᵀ; rope2d(qkv) in place;
-     o = attention(qkv); x = o · woᵀ + x; a = rmsnorm(x);
+  3  per layer: a = rmsnorm(x); qkv = a · wqkvᵀ; rope2d(qkv) in place (§4);
+     o = attention(qkv) (§5); x = o · woᵀ + x; a = rmsnorm(x);
      h = gelu_tanh(a · fc0ᵀ); x = h · fc1ᵀ + x                  (residual adds fused in the GEMMs)
-  4  x = rmsnorm(x, final_layernorm)
-  5  merged [M, kh·kw·D] = frame mean + kh×kw gather            merge
-  6  y = rmsnorm(gelu_erf(merged · P0ᵀ) · P2ᵀ, post_norm)
+     then x = rmsnorm(x, final_layernorm)
+  6  merged [M, kh·kw·D] = frame mean + kh×kw gather            merge
+  7  y = rmsnorm(gelu_erf(merged · P0ᵀ) · P2ᵀ, post_norm)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,7 +37,32 @@ from . import merge as merge_k
 from . import pos_emb as pos_emb_k
 from . import rmsnorm as rmsnorm_k
 from . import rope as rope_k
-from .launch import cu_seqlens_table, grid_table, is_device_array, item_table
+from .launch import cu_seqlens_table, device_array, grid_table, is_device_array, item_table
+
+
+@dataclass
+class Workspace:
+    """Device buffers of the encoder layers for L tokens, allocated once per forward and reused by
+    every layer: `a [L, D]` (normed x), `rstd [L]`, `qkv [L, 3Q]`, `o [L, Q]`, `lse [L, H]`,
+    `h [L, I]` (MLP hidden)."""
+
+    a: Any
+    rstd: Any
+    qkv: Any
+    o: Any
+    lse: Any
+    h: Any
+
+    @classmethod
+    def allocate(cls, L: int, D: int, Q: int, H: int, intermediate: int) -> Workspace:
+        return cls(
+            a=device_array((L, D)),
+            rstd=device_array(L),
+            qkv=device_array((L, 3 * Q)),
+            o=device_array((L, Q)),
+            lse=device_array((L, H)),
+            h=device_array((L, intermediate)),
+        )
 
 
 class NumbaBackend:
@@ -113,10 +141,11 @@ class NumbaBackend:
         grid = validate_grid_thws(grid_thws, c)
         x_in = self._pixels_on_device(pixel_values, grid)
         H, hd = c.vt_num_attention_heads, c.head_dim
+        L = int(x_in.shape[0])
         grid32 = grid_table(grid)
-        cu_host = cu_seqlens_table(grid32)
         grid_d = cuda.to_device(grid32)
-        cu_d = cuda.to_device(cu_host)
+        tables = attention_k.attention_tables(cu_seqlens_table(grid32), L)  # cu_seqlens + tiles, uploaded once
+        ws = Workspace.allocate(L, c.vt_hidden_size, c.qkv_hidden_size, H, c.vt_intermediate_size)
         stages: dict[str, np.ndarray] = {}
 
         def keep(name: str, value: Any) -> None:
@@ -130,18 +159,18 @@ class NumbaBackend:
         )
         keep("pos_emb", x)
         for i, layer in enumerate(self.layers):
-            a = rmsnorm_k.rmsnorm(x, layer["norm0"], c.vit_norm_eps)
-            qkv = self._gemm(a, layer["wqkv"])
-            rope_k.rope2d(qkv, grid_d, cu_d, H, hd)
-            o, _ = attention_k.attention(qkv, cu_host, H, version=self.attention_version)
-            self._gemm(o, layer["wo"], "residual", residual=x, out=x)
-            rmsnorm_k.rmsnorm(x, layer["norm1"], c.vit_norm_eps, out=a)
-            h = self._gemm(a, layer["fc0"], "gelu_tanh")
-            self._gemm(h, layer["fc1"], "residual", residual=x, out=x)
+            rmsnorm_k.rmsnorm(x, layer["norm0"], c.vit_norm_eps, out=ws.a, rstd=ws.rstd)
+            self._gemm(ws.a, layer["wqkv"], out=ws.qkv)
+            rope_k.rope2d(ws.qkv, grid_d, tables.cu, H, hd)
+            attention_k.attention(ws.qkv, tables, H, version=self.attention_version, out=ws.o, lse=ws.lse)
+            self._gemm(ws.o, layer["wo"], "residual", residual=x, out=x)
+            rmsnorm_k.rmsnorm(x, layer["norm1"], c.vit_norm_eps, out=ws.a, rstd=ws.rstd)
+            self._gemm(ws.a, layer["fc0"], "gelu_tanh", out=ws.h)
+            self._gemm(ws.h, layer["fc1"], "residual", residual=x, out=x)
             keep(f"layer_{i}", x)
             if on_layer is not None:
                 on_layer(i)
-        rmsnorm_k.rmsnorm(x, self.final_norm, c.vit_norm_eps, out=x)
+        rmsnorm_k.rmsnorm(x, self.final_norm, c.vit_norm_eps, out=x, rstd=ws.rstd)
         keep("final_norm", x)
         kh, kw = c.merge_kernel_size
         sizes = [(h // kh) * (w // kw) for _, h, w in grid.tolist()]

@@ -71,18 +71,22 @@ def rmsnorm(
     out: Any = None,
     return_rstd: bool = False,
     threads: int | None = None,
+    rstd: Any = None,
 ) -> Any:
     """`out [rows, cols] = x · rsqrt(mean(x², axis=1) + eps) · weight [cols]`, float32.
 
     Returns the device array `out` (a new one unless given), or `(out, rstd [rows])` with
     `return_rstd`. `out` may be `x` itself (in place). Arguments may be numba device arrays or
     NumPy arrays (copied to the device; a NumPy `out` also receives the result). `threads` is
-    the block size (default: the smallest power of two >= cols, within 32..256).
+    the block size (default: the smallest power of two >= cols, within 32..256). `rstd [rows]`
+    float32, when given, receives rstd (a workspace to reuse; otherwise a new device array).
     """
     rows, cols = check_array("x", x, ndim=2)
     check_array("weight", weight, shape=(cols,))
     if out is not None:
         check_array("out", out, shape=(rows, cols))
+    if rstd is not None:
+        check_array("rstd", rstd, shape=(rows,))
     if not (isinstance(eps, (int, float, np.floating)) and math.isfinite(eps) and eps > 0):
         raise ValueError(f"eps must be a positive finite number, got {eps!r}")
     threads = threads_for(cols, max_threads=BLOCK_SIZES[-1]) if threads is None else threads
@@ -96,8 +100,10 @@ def rmsnorm(
         out_d = x_d
     else:
         out_d = to_device(out)
-    rstd_d = device_array(rows)
+    rstd_d = device_array(rows) if rstd is None else to_device(rstd)
     kernel[rows, threads](x_d, to_device(weight), out_d, rstd_d, np.int32(rows), np.int32(cols), np.float32(eps))
     if out is not None:
         copy_back(out, out_d)
+    if rstd is not None:
+        copy_back(rstd, rstd_d)
     return (out_d, rstd_d) if return_rstd else out_d
