@@ -602,6 +602,13 @@ def check(name: str, kernel: Any, strict: bool = False, seed: int = 0, verbose: 
     return result
 
 
+def catalogue() -> str:
+    """A Markdown table of every exercise: notebook, name, what the learner writes."""
+    rows = ["| notebook | exercise | you write |", "|---|---|---|"]
+    rows += [f"| {e.notebook} | `{e.name}` | {e.task} |" for e in EXERCISES.values()]
+    return "\n".join(rows)
+
+
 # ============================================================================ solutions
 def solution_path(name: str) -> Path:
     """Path of the solution file `notebooks/solutions/NN_<name>.py` of exercise `name`."""

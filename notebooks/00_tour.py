@@ -31,6 +31,12 @@
 # | 05_merge_and_projector | the 2×2 patch merge and the MLP projector |
 # | 06_full_encoder | everything together, compared stage by stage |
 #
+# **You write the kernels.** Every stage notebook ends with *your turn* cells: a `@cuda.jit` kernel with
+# its signature and launch written and a marked gap to fill. `check(name, kernel)` (from
+# `moonvit_kernels.exercises`) runs it against the NumPy reference and says in words what is wrong —
+# which rows or columns differ, NaN, never written, out of bounds, or a race; `solution(name)` prints a
+# solution (kept in `notebooks/solutions/`). The list is printed at the end of this notebook.
+#
 # **No GPU needed.** On a laptop the kernels run on numba's CUDA *simulator* (one Python thread per
 # CUDA thread: correct but slow), so the notebooks pick tiny sizes there and real ones on a GPU.
 # The first cell of every notebook decides which. The model's definition is
@@ -213,6 +219,16 @@ print("outputs per media item:", [o.shape for o in outputs])
 
 # %%
 plot_architecture(config, grid_thws)
+
+# %% [markdown]
+# ## The kernels you will write
+#
+# The *your turn* exercises of notebooks 01–06, in order:
+
+# %%
+from moonvit_kernels.exercises import catalogue
+
+display(Markdown(catalogue()))
 
 # %% [markdown]
 # ## Exercises

@@ -97,6 +97,13 @@ def test_solution_passes(name):
     assert "correct" in result.message
 
 
+def test_catalogue_lists_every_exercise_once():
+    table = exercises.catalogue().splitlines()
+    assert len(table) == 2 + len(EXERCISES)
+    for name, e in EXERCISES.items():
+        assert sum(f"`{name}`" in row and e.notebook in row for row in table) == 1
+
+
 def test_solution_is_printed_on_request(capsys):
     text = solution("merge_index")
     assert "def merge_index" in text and text in capsys.readouterr().out
