@@ -157,3 +157,64 @@ def test_plain_sm90_cannot_build_it(sm90a_build):
     source, nvrtc_check, text, _, _, _ = sm90a_build
     with pytest.raises(nvrtc_check.CompileError, match="wgmma|setmaxnreg"):
         nvrtc_check.compile_text(text, source, BUILDS[source][:1], "sm_90")
+
+
+# ============================================================================ first-use self-check
+def numpy_gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32"):
+    """The launchers' gemm API on the NumPy reference (the trusted side in these tests)."""
+    from moonvit_kernels import reference as ref
+    from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
+
+    x = bf16_bits_to_float32(a).astype(np.float64) @ bf16_bits_to_float32(b).astype(np.float64).T
+    x = ref.gelu_tanh(x) if epilogue == "gelu_tanh" else x
+    return x.astype(np.float32) if out_dtype == "float32" else float32_to_bf16_bits(x.astype(np.float32))
+
+
+def numpy_attention(qkv, cu, heads, head_dim):
+    from moonvit_kernels import reference as ref
+    from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
+
+    x = bf16_bits_to_float32(qkv).astype(np.float64)
+    L, Q = x.shape[0], heads * head_dim
+    q, k, v = (x[:, s * Q : (s + 1) * Q].reshape(L, heads, head_dim) for s in range(3))
+    out, lse = ref.attention(q, k, v, np.asarray(cu), return_lse=True)
+    return float32_to_bf16_bits(out.reshape(L, Q).astype(np.float32)), lse.astype(np.float32)
+
+
+@needs_cxx
+def test_self_check_keeps_a_good_kernel(hop, recwarn):
+    from moonvit_kernels.cuda_backend import selfcheck
+
+    gemm = selfcheck.FirstUseCheck("gemm_bf16_sm90", hop.gemm, numpy_gemm, selfcheck.gemm_probe(np), rtol=1e-2)
+    attn = selfcheck.FirstUseCheck(
+        "flash_attn_sm90", hop.attention, numpy_attention, selfcheck.attention_probe(np, 64), rtol=1e-2
+    )
+    assert gemm.check() and attn.check() and not recwarn.list
+    assert gemm.error < 1e-2 and attn.error < 1e-2
+
+
+@needs_cxx
+def test_self_check_falls_back_on_a_planted_mismatch(hop):
+    from moonvit_kernels.cuda_backend import selfcheck
+
+    def faulty(*args, **kwargs):
+        return hop.gemm(*args, fault=1, **kwargs)
+
+    gemm = selfcheck.FirstUseCheck("gemm_bf16_sm90", faulty, numpy_gemm, selfcheck.gemm_probe(np), rtol=1e-2)
+    a, b = np.zeros((3, 16), np.uint16), np.zeros((5, 16), np.uint16)
+    with pytest.warns(selfcheck.SelfCheckWarning, match="gemm_bf16_sm90: first-use self-check failed"):
+        got = gemm(a, b)
+    assert gemm.verified is False and gemm.error > 1e-2
+    np.testing.assert_array_equal(got, numpy_gemm(a, b))  # the trusted kernel answered
+
+
+def test_self_check_falls_back_when_the_kernel_raises():
+    from moonvit_kernels.cuda_backend import selfcheck
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no sm_90a image")
+
+    gemm = selfcheck.FirstUseCheck("gemm_bf16_sm90", broken, numpy_gemm, selfcheck.gemm_probe(np), rtol=1e-2)
+    with pytest.warns(selfcheck.SelfCheckWarning, match="RuntimeError: no sm_90a image"):
+        assert not gemm.check()
+    assert gemm.check() is False  # checked once only

@@ -1,13 +1,15 @@
 """The Hopper (sm_90a) kernels on the CPU, and probes of the Hopper models one at a time.
 
-`gemm_bf16_sm90.cu` is compiled unchanged by g++ against `prelude.h` (fibers, barriers),
-`ptx_sm90.cuh` (the stand-in for the real `cuda_backend/ptx_sm90.cuh`) and `hopper.cuh`: models of
-wgmma.mma_async, the wgmma matrix descriptor and swizzle modes, mbarrier, tensor maps and
-cp.async.bulk.tensor, setmaxnreg, written from the PTX ISA and the driver API documentation (see
-hopper.cuh's header for what each model does and checks). `gemm` has the API of
-`launchers.gemm` (NumPy arrays, bf16 as uint16 bits); the `probe_*` functions expose each model
-for the layout tests (tests/test_hopper_layouts.py). A misuse the models catch aborts the process
-with a message on stderr, so tests of misuse call `run_forked`.
+`gemm_bf16_sm90.cu` and `flash_attn_sm90.cu` are compiled unchanged by g++ against `prelude.h`
+(fibers, barriers), `ptx_sm90.cuh` (the stand-in for the real `cuda_backend/ptx_sm90.cuh`) and
+`hopper.cuh`: models of wgmma.mma_async, the wgmma matrix descriptor and swizzle modes, mbarrier,
+tensor maps and cp.async.bulk.tensor, setmaxnreg, written from the PTX ISA and the driver API
+documentation (see hopper.cuh's header for what each model does and checks). `gemm` and
+`attention` have the API of `launchers.gemm` / `launchers.attention` (NumPy arrays, bf16 as uint16
+bits); their tensor maps are encoded by the model of cuTensorMapEncodeTiled from the parameters in
+`cuda_backend/tensor_maps.py`. The `probe_*`-style functions expose each model for the layout tests
+(tests/test_hopper_layouts.py). A misuse the models catch aborts the process with a message on
+stderr, so tests of misuse call `run_forked`.
 """
 
 from __future__ import annotations
