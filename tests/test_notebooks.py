@@ -28,6 +28,7 @@ EXPECTED = [
     "04_attention",
     "05_merge_and_projector",
     "06_full_encoder",
+    "07_performance_without_a_gpu",
 ]
 IDS = [p.stem for p in NOTEBOOKS]
 
