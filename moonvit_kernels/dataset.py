@@ -49,6 +49,7 @@ METADATA_KEY = b"moonvit_kernels"
 FORMAT = "moonvit_kernels encode-dataset 1"
 DEFAULT_ROWS_PER_SHARD = 256
 DEFAULT_BATCH_TOKENS = 16384
+DECODE_MEMORY = 512 * 2**20  # bytes one decode task may hold (Ray scheduling hint)
 
 
 def require_ray() -> Any:
@@ -502,9 +503,10 @@ def _run_pipeline(
         encode_resources = {"num_cpus": max(1, cpus // 2)}
         pool = ray.data.ActorPoolStrategy(size=actors or 1)
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * cpus)))
-    # SPREAD spreads decoding over the nodes, and (remote args differing) keeps Ray Data from fusing
-    # decode into the encoder actors: decoding stays in CPU tasks of its own.
-    ds = ds.map(decode_row, fn_kwargs={"limits": limits, "weights": weights}, num_cpus=1, scheduling_strategy="SPREAD")
+    # The memory request (a decoded photograph and its float32 patches) also makes the decode map's
+    # resources differ from the encoder's, so Ray Data does not fuse decoding into the encoder actors:
+    # it stays in CPU tasks of its own (spread over the nodes, Ray Data's default for tasks).
+    ds = ds.map(decode_row, fn_kwargs={"limits": limits, "weights": weights}, num_cpus=1, memory=DECODE_MEMORY)
     ds = ds.map_batches(
         Encoder,
         fn_constructor_kwargs={"weights": weights, "backend": backend, "batch_tokens": batch_tokens},
