@@ -428,3 +428,35 @@ def test_issue9_no_shared_access_worse_than_2_way(job_name):
     bad = [f"{s.where} {s.kind} {s.array}: {s.factor:.0f}-way (`{s.code}`)" for s in shared if s.factor > TARGET_WAYS]
     assert not bad, TARGET_MESSAGE + "; ".join(bad)
     assert all(not math.isnan(s.factor) for s in result.sites)
+
+
+# ============================================================================ CUDA C kernels on the emulator
+def test_ptx_standin_patch_finds_ldmatrix_and_cp_async():
+    from moonvit_kernels.cuda_backend.emulation import HERE, tracing
+
+    patched = tracing.patch_ptx((HERE / "ptx.cuh").read_text())
+    assert patched.count("emu_trace_explicit(") == 5  # declaration, cp.async store + load, ldmatrix_x4 (+ _trans)
+    with pytest.raises(RuntimeError, match="changed shape"):
+        tracing.patch_ptx("// no stand-ins here")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_emulator_trace_of_the_fp32_gemm():
+    """The CUDA C fp32 GEMM traced on the emulator: its float4 shared reads of padded k-major rows are
+    conflict-free (4 quarter-warp wavefronts per 16-byte request), its float4 global loads coalesced."""
+    from moonvit_kernels.cuda_backend.emulation import compiler
+    from moonvit_kernels.xray import emulator_trace
+
+    if compiler() is None:
+        pytest.skip("no C++ compiler for the emulator")
+    (job,) = [j for j in emulator_trace.jobs() if j.name == "gemm_fp32_simt"]
+    sites = trace.merge_sites(trace.analyse(job.run()))
+    lds = {s.array: s for s in sites if s.kind == "LDS"}
+    assert set(lds) == {"As", "Bs"}
+    for s in lds.values():
+        assert (s.per_request, s.factor) == (4, 1), s
+        assert "float4" in s.code and s.where.startswith("gemm_fp32.cu:")
+    loads = [s for s in sites if s.kind == "LDG" and s.array in ("A", "B")]
+    assert loads and all(s.factor == 1 and s.per_request == 16 for s in loads)
+    assert max(s.factor for s in sites if s.kind == "STS") <= 2
