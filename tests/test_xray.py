@@ -326,9 +326,15 @@ def test_request_bytes_fall_with_each_gemm_version():
 def test_roofline_plot_and_measured_overlay(tmp_path):
     infos = [catalogue.describe("numba", f"gemm_v{v}_none") for v in (1, 2, 3)]
     results = tmp_path / "results.csv"
-    results.write_text("kernel,unit,value,flops,bytes\ngemm,TFLOP/s,12.5,1e12,1e10\nnorm,GB/s,,1,1\n")
+    results.write_text(
+        "section,item,backend,unit,rate\nkernels,gemm v3 wqkv,numba,TFLOP/s,12.5\nkernels,rmsnorm,numba,GB/s,\n"
+        "kernels,gemm v1 wqkv,numba,TFLOP/s,1.5\n"
+    )
     measured = roofline.read_measured(results)
-    assert len(measured) == 1
+    assert [r["item"] for r in measured] == ["gemm v3 wqkv", "gemm v1 wqkv"]
+    assert roofline.match_measured(measured[0], infos) is infos[2]
+    assert roofline.match_measured(measured[1], infos) is infos[0]
+    assert roofline.match_measured({"item": "attention", "backend": "numba"}, infos) is None
     path = roofline.plot(infos, arch.GPUS["H200"], tmp_path / "r.png", measured)
     assert path.stat().st_size > 10_000
 

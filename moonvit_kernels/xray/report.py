@@ -296,12 +296,21 @@ def summary(report: Report, arch: str = "sm_90") -> str:
     widths = (4, 6, 5, 16, 6, 5, 5, 9)
     head = f"{'kernel':34s} " + " ".join(f"{c:>{w}s}" for c, w in zip(cols, widths, strict=True))
     lines = [f"Kernel X-ray, {arch} (model, no GPU; roofline: {FIRST_GPU.get(arch, '')} datasheet)", head]
-    for r in rows:
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:  # specialisations with identical figures (e.g. epilogues) share one line
+        key = (r.backend, r.family, r.version, r.registers, r.blocks_per_sm, r.limiter, r.hot_loop_per_fma,
+               r.worst_bank_conflict, r.worst_coalescing)  # fmt: skip
+        groups.setdefault(key, []).append(r)
+    for members in groups.values():
+        r = members[0]
+        name = r.backend[0] + ":" + r.kernel + (f" +{len(members) - 1}" if len(members) > 1 else "")
         lines.append(
-            f"{(r.backend[0] + ':' + r.kernel)[:34]:34s} {r.registers:4d} {r.blocks_per_sm:6d} {r.occupancy:5.0%} "
+            f"{name[:34]:34s} {r.registers:4d} {r.blocks_per_sm:6d} {r.occupancy:5.0%} "
             f"{r.limiter[:16]:>16s} {_fmt(r.hot_loop_per_fma, 1):>6s} {_fmt(r.worst_bank_conflict, 0):>5s} "
             f"{_fmt(r.worst_coalescing, 0):>5s} {_fmt(r.roofline_us, 1):>9s}"
         )
+    lines.append("i/FMA: hot-loop SASS instructions per FFMA (per HMMA on tensor cores); bank, coal: worst access")
+    lines.append("site's wavefronts and sectors over ideal (traced on the CPU); bound: roofline lower bound at K3 size")
     lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines)
 

@@ -9,6 +9,7 @@ results.csv) are drawn separately when given.
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,15 +46,36 @@ def bound(info: KernelInfo, gpu: GpuPeaks) -> Bound | None:
 
 
 def read_measured(path: str | Path) -> list[dict[str, str]]:
-    """Rows of a gpu_check `results.csv` that carry a kernel and a TFLOP/s or GB/s figure."""
+    """Rows of a gpu_check `results.csv` that carry a measured rate in TFLOP/s or GB/s
+    (columns used: item, backend, unit, rate)."""
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     out = []
     for r in rows:
         unit = (r.get("unit") or "").strip()
-        if unit in ("TFLOP/s", "GB/s") and (r.get("value") or "").strip():
+        try:
+            ok = unit in ("TFLOP/s", "GB/s") and float(r.get("rate") or "nan") > 0
+        except ValueError:
+            ok = False
+        if ok:
             out.append(r)
     return out
+
+
+def match_measured(row: dict[str, str], infos: Sequence[KernelInfo]) -> KernelInfo | None:
+    """The catalogue entry a measured row stands for: same backend (numba, else CUDA C), family named in
+    the row's item, preferring entries whose version tag (v1, v2, v3, bf16, fp32, f32) the item names."""
+    item = (row.get("item") or "").lower()
+    backend = "numba" if "numba" in (row.get("backend") or "").lower() else "cuda"
+    family_hits = [i for i in infos if i.backend == backend and i.family.replace("_", "") in item.replace("_", "")]
+    if not family_hits:
+        return None
+
+    def score(info: KernelInfo) -> int:
+        tags = re.findall(r"v\d|bf16|fp32|f32", info.version.lower() + " " + info.label.lower())
+        return sum(t in item for t in tags)
+
+    return max(family_hits, key=score)
 
 
 def plot(infos: Sequence[KernelInfo], gpu: GpuPeaks, path: str | Path, measured: Sequence[dict] = ()) -> Path:
@@ -61,7 +83,8 @@ def plot(infos: Sequence[KernelInfo], gpu: GpuPeaks, path: str | Path, measured:
 
     Filled markers: the kernel as written (x = FLOPs / bytes its global loads request, y = the rate
     the roof allows at that intensity). Hollow markers: the same kernel at its compulsory intensity
-    (FLOPs / DRAM bytes). Measured points from `measured` (gpu_check rows) are stars."""
+    (FLOPs / DRAM bytes). Measured points from `measured` (gpu_check rows, `match_measured`) are stars
+    at the compulsory intensity of the kernel they measure."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
@@ -87,15 +110,13 @@ def plot(infos: Sequence[KernelInfo], gpu: GpuPeaks, path: str | Path, measured:
         ax.annotate(f"{info.family} {info.version}", (x_req, min(p, x_req * bw) / 1e12), fontsize=7, xytext=(3, 3),
                     textcoords="offset points")  # fmt: skip
     for r in measured:
-        try:
-            value = float(r["value"])
-            flops = float(r.get("flops") or 0)
-            nbytes = float(r.get("bytes") or 0)
-        except (TypeError, ValueError):
+        info = match_measured(r, infos)
+        if info is None or not info.dram_bytes:
             continue
-        if flops and nbytes:
-            y = value if r["unit"] == "TFLOP/s" else value * 1e9 * flops / nbytes / 1e12
-            ax.scatter([flops / nbytes], [y], marker="*", s=120, color="crimson", zorder=4)
+        x = info.flops / info.dram_bytes
+        rate = float(r["rate"])
+        y = rate if r["unit"] == "TFLOP/s" else rate * 1e9 * x / 1e12
+        ax.scatter([x], [y], marker="*", s=120, color="crimson", zorder=4)
     for fam, c in colours.items():
         ax.scatter([], [], color=c, label=fam)
     ax.scatter([], [], color="grey", marker="o", label="numba (filled: as written)")
