@@ -281,32 +281,48 @@ for name, launch in launches.items():
 display(Markdown(markdown_table(["kernel", "launch", "o: max abs error", "lse: max abs error"], rows)))
 
 # %% [markdown]
-# The CUDA C kernels on the CPU emulator, same input and bounds (bf16: compared with a float64 attention
-# of the bf16-rounded q, k, v, with a bound for P rounded to bf16 before `P·V`):
+# The CUDA C kernels on the CPU emulator, same input and bounds as above (bf16: compared with a float64
+# attention of the bf16-rounded q, k, v, with a bound for P rounded to bf16 before `P·V`). On a GPU this
+# notebook's input is K3-sized, far too big for the emulator, so there it gets the simulator's tiny one:
 
 # %%
-if emulation.compiler() is None or hd not in emulation.HEAD_DIMS:
-    print(f"the CUDA C emulator cannot run here (no g++ >= 11, or hd = {hd} not among {emulation.HEAD_DIMS})")
+if on_gpu:  # the emulator runs each CUDA thread as a std::thread: give it the simulator's tiny input
+    heads_e, hd_e = 2, 24
+    cu_e = reference.cu_seqlens(np.array([[1, 2, 5], [2, 1, 3], [1, 1, 2]])).astype(np.int32)
+    L_e = int(cu_e[-1])
+    q_e, k_e, v_e = (rng.standard_normal((L_e, heads_e, hd_e)).astype(np.float32) for _ in range(3))
+    qkv_e = pack_qkv(q_e, k_e, v_e)
+    ref_o_e, ref_lse_e = reference.attention(*(a_.astype(np.float64) for a_ in (q_e, k_e, v_e)), cu_e, return_lse=True)
+    ref_o_e = ref_o_e.reshape(L_e, -1)
+    rtol_e = 8 * FP32_EPS * math.sqrt(np.diff(cu_e).max())
+    score_err_e = 4 * FP32_EPS * float(np.abs(q_e).max() * np.abs(k_e).max()) * math.sqrt(hd_e)
+else:
+    heads_e, hd_e, cu_e, L_e, qkv_e, v_e = heads, hd, cu_seqlens, L, qkv, v
+    ref_o_e, ref_lse_e, rtol_e, score_err_e = ref_o, ref_lse, rtol, score_err
+Q_e = heads_e * hd_e
+if emulation.compiler() is None or hd_e not in emulation.HEAD_DIMS:
+    print(f"the CUDA C emulator cannot run here (no g++ >= 11, or hd = {hd_e} not among {emulation.HEAD_DIMS})")
 else:
     from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
 
-    o_c, lse_c = emulation.attention(qkv, cu_seqlens, heads, hd)
-    np.testing.assert_allclose(o_c, ref_o, rtol=rtol, atol=(score_err + rtol) * np.abs(v).max(), err_msg="fp32")
-    np.testing.assert_allclose(lse_c, ref_lse, rtol=rtol, atol=score_err, err_msg="fp32 lse")
-    bits = float32_to_bf16_bits(qkv)
-    o_b, lse_b = emulation.attention(bits, cu_seqlens, heads, hd)
+    o_c, lse_c = emulation.attention(qkv_e, cu_e, heads_e, hd_e)
+    atol_e = (score_err_e + rtol_e) * np.abs(v_e).max()
+    np.testing.assert_allclose(o_c, ref_o_e, rtol=rtol_e, atol=atol_e, err_msg="fp32")
+    np.testing.assert_allclose(lse_c, ref_lse_e, rtol=rtol_e, atol=score_err_e, err_msg="fp32 lse")
+    bits = float32_to_bf16_bits(qkv_e)
+    o_b, lse_b = emulation.attention(bits, cu_e, heads_e, hd_e)
     o_b = bf16_bits_to_float32(o_b)
-    q_r, k_r, v_r = (bf16_bits_to_float32(bits[:, s_ * Q : (s_ + 1) * Q]).reshape(L, heads, hd) for s_ in range(3))
-    ref_b, ref_lse_b = reference.attention(
-        *(a_.astype(np.float64) for a_ in (q_r, k_r, v_r)), cu_seqlens, return_lse=True
+    q_r, k_r, v_r = (
+        bf16_bits_to_float32(bits[:, s_ * Q_e : (s_ + 1) * Q_e]).reshape(L_e, heads_e, hd_e) for s_ in range(3)
     )
-    err_b = np.abs(o_b - ref_b.reshape(L, Q)).max()
+    ref_b, ref_lse_b = reference.attention(*(a_.astype(np.float64) for a_ in (q_r, k_r, v_r)), cu_e, return_lse=True)
+    err_b = np.abs(o_b - ref_b.reshape(L_e, Q_e)).max()
     assert err_b <= 2**-7 * np.abs(v_r).max() * 2, err_b  # P and the output rounded to bf16
     rows_c = [
-        ["flash_attn_fp32 (SIMT)", np.abs(o_c - ref_o).max(), np.abs(lse_c - ref_lse).max()],
+        ["flash_attn_fp32 (SIMT)", np.abs(o_c - ref_o_e).max(), np.abs(lse_c - ref_lse_e).max()],
         ["flash_attn_bf16 (tensor cores)", err_b, np.abs(lse_b - ref_lse_b).max()],
     ]
-    print("CPU emulator of attention.cu")
+    print(f"CPU emulator of attention.cu: items {np.diff(cu_e).tolist()}, {heads_e} heads × hd {hd_e}")
     display(Markdown(markdown_table(["kernel", "o: max abs error", "lse: max abs error"], rows_c)))
 
 # %% [markdown]
