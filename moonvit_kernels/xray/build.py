@@ -50,14 +50,20 @@ class Binary:
         return Path(self.cubin_path).read_bytes()
 
 
-def sources_digest(extra: str = "") -> str:
-    """A digest of every kernel source (numba modules, .cu/.cuh files, the compile tiers) and tool versions."""
+def sources_digest(backend: str, extra: str = "") -> str:
+    """A digest of one backend's kernel sources (numba modules; or .cu/.cuh files, their catalogue and
+    the NVRTC tier), of this module and of the tool versions."""
     h = hashlib.sha256(extra.encode())
-    for sub in ("numba_backend", "cuda_backend"):
-        for path in sorted((PACKAGE_DIR / sub).iterdir()):
-            if path.suffix in (".py", ".cu", ".cuh"):
-                h.update(path.name.encode())
-                h.update(path.read_bytes())
+    if backend == "numba":
+        files = sorted((PACKAGE_DIR / "numba_backend").glob("*.py"))
+    else:
+        files = sorted(p for p in (PACKAGE_DIR / "cuda_backend").iterdir() if p.suffix in (".cu", ".cuh")) + [
+            PACKAGE_DIR / "cuda_backend" / "sources.py",
+            PACKAGE_DIR / "cuda_backend" / "nvrtc_check.py",
+        ]
+    for path in [*files, Path(__file__)]:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
     for dist in ("numba-cuda", "nvidia-nvjitlink", "nvidia-cuda-nvrtc"):
         try:
             from importlib.metadata import version
@@ -153,7 +159,7 @@ def binaries(
     if arch not in _ARCH_CC:
         raise ValueError(f"arch {arch!r} is not one of {sorted(_ARCH_CC)}")
     extra = f"{backend}:{arch}:{head_dims}"
-    out = cache_root(cache_dir) / f"{sources_digest(extra)}" / f"{backend}.{arch}"
+    out = cache_root(cache_dir) / sources_digest(backend, extra) / f"{backend}.{arch}"
     index = out / "index.json"
     if not index.exists():
         if backend == "cuda":

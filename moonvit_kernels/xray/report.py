@@ -8,8 +8,10 @@ from datasheet peaks.
 from __future__ import annotations
 
 import csv
+import os
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -109,20 +111,36 @@ def collect(
     have_nvdisasm = sass.nvdisasm_path() is not None
     if not have_nvdisasm:
         report.notes.append("nvdisasm not found (pip install nvidia-cuda-nvdisasm): SASS view skipped")
-    for backend in backends:
-        for arch in archs:
-            log(f"[xray] {backend} kernels for {arch}: building / loading cubins")
+    jobs = [(backend, arch) for backend in backends for arch in archs]
+    log(f"[xray] building / loading cubins: {', '.join(f'{b} {a}' for b, a in jobs)}")
+    # numba builds run in subprocesses and NVRTC in worker processes: overlap them
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {job: pool.submit(build.binaries, job[0], job[1], cache_dir) for job in jobs}
+        built = {}
+        for job, fut in futures.items():
             try:
-                bins = build.binaries(backend, arch, cache_dir)
+                built[job] = fut.result()
             except Exception as e:  # one tier failing leaves the others' rows
-                report.notes.append(f"{backend} {arch}: build failed: {str(e).strip()[:300]}")
-                continue
-            for b in bins:
-                info = catalogue.describe(backend, b.label, b.threads, b.dynamic_shared)
-                if not wanted(b.label, info.family, patterns):
-                    continue
-                report.rows.append(_row(report, b, info, arch, traces.get((backend, b.label)), have_nvdisasm))
+                report.notes.append(f"{job[0]} {job[1]}: build failed: {str(e).strip()[:300]}")
+    selected = []
+    for (backend, arch), bins in built.items():
+        for b in bins:
+            info = catalogue.describe(backend, b.label, b.threads, b.dynamic_shared)
+            if wanted(b.label, info.family, patterns):
+                selected.append((b, info, arch))
+    if have_nvdisasm:  # disassemble in parallel once; listings are cached beside the cubins
+        with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+            list(pool.map(_try_disassemble, [b.cubin_path for b, _, _ in selected]))
+    for b, info, arch in selected:
+        report.rows.append(_row(report, b, info, arch, traces.get((b.backend, b.label)), have_nvdisasm))
     return report
+
+
+def _try_disassemble(path: str) -> None:
+    try:
+        sass.disassemble_file(path)
+    except Exception:  # reported per row when the row asks for it again
+        pass
 
 
 def _row(
