@@ -276,7 +276,7 @@ def test_k3_parameter_total_is_the_spec_number():
 
 def test_flop_table_for_one_k3_image_is_about_6_1_tflop():
     total = sum(r.count for r in plots.flop_table(VisionConfig.k3(), [[1, 64, 64]]))
-    assert 6.05e12 < total < 6.2e12  # SPEC.md: ≈ 6.1 TFLOP for an 896×896 image
+    assert 6.05e12 < total < 6.2e12  # docs/model.md: ≈ 6.1 TFLOP for an 896×896 image
 
 
 def test_flop_table_attention_counts_items_separately():

@@ -42,7 +42,7 @@ class Stage:
 
 
 def stage_shapes(config: VisionConfig, grid_thws: Any) -> list[Stage]:
-    """The stages of SPEC.md in order, with the shape each produces for a packed `grid_thws [N, 3]`.
+    """The stages of docs/model.md in order, with the shape each produces for a packed `grid_thws [N, 3]`.
 
     Names outside the encoder block match the keys of `reference.vision_forward(...,
     return_intermediates=True)` (`layer_{i}` appears once, as `layer_i`); steps inside a block
@@ -173,7 +173,7 @@ def parameter_table(config: VisionConfig) -> list[CountRow]:
 
 
 def flop_table(config: VisionConfig, grid_thws: Any) -> list[CountRow]:
-    """Multiply-add FLOPs (2 per MAC) per stage for a packed grid, from SPEC.md's cost formulas.
+    """Multiply-add FLOPs (2 per MAC) per stage for a packed grid, from the cost formulas of docs/model.md.
 
     patch embed `2·L·3p²·D`; encoder GEMMs `N·2·L·D·(3Q + Q + 2I)`; attention `N·4·Σ nᵢ²·Q`
     (nᵢ tokens of item i: items never see each other); projector `2·M·K² + 2·M·K·T` with K = kh·kw·D.

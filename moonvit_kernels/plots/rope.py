@@ -147,7 +147,7 @@ class RopePair:
 def rope_pairs(head_dim: int, convention: str = "interleaved") -> list[RopePair]:
     """Which dims of a head rotate together, and by which axis' angle.
 
-    "interleaved" (K3, SPEC stage 4): complex slot j holds dims `(2j, 2j+1)`; even slots j = 2i
+    "interleaved" (K3, docs/model.md stage 4): complex slot j holds dims `(2j, 2j+1)`; even slots j = 2i
     turn by `column·f_i`, odd slots j = 2i+1 by `row·f_i`. "rotate_half" (the common 1-D
     convention other ports wrongly reuse) pairs dims `(j, j + hd/2)`, with the same slot→axis rule.
     """
