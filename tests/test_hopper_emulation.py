@@ -19,7 +19,9 @@ from cuda_kernel_checks import check_attention, check_gemm
 from moonvit_kernels.cuda_backend.emulation import compiler
 from moonvit_kernels.cuda_backend.sources import EPILOGUES
 
-GEMM_NAMES = [f"gemm_bf16_sm90<{out}, {epi}>" for out in ("float", "__nv_bfloat16") for epi in range(4)]
+GEMM_NAMES = [
+    f"gemm_bf16_sm90<{out}, {epi}, {bn}>" for bn in (128, 256) for out in ("float", "__nv_bfloat16") for epi in range(4)
+]
 ATTN_NAMES = [f"flash_attn_sm90<{hd}>" for hd in (128, 64, 72, 24)]
 BUILDS = {"gemm_bf16_sm90.cu": GEMM_NAMES, "flash_attn_sm90.cu": ATTN_NAMES}
 REGS_AT_ENTRY = 168  # the GEMM's __launch_bounds__(384, 1): 65536 / 384 rounded down to a multiple of 8
@@ -47,6 +49,22 @@ GEMM_SHAPES = [(70, 72, 40), (130, 136, 328), (1, 7, 16), (129, 9, 8)]
 def test_gemm_sm90_on_the_emulator(hop, shape, out_dtype):
     for i, epilogue in enumerate(EPILOGUES):
         check_gemm(hop, *shape, "bfloat16", out_dtype, epilogue, seed=10 + i)
+
+
+@needs_cxx
+@pytest.mark.parametrize("shape", [(70, 300, 136), (129, 257, 8)], ids=lambda s: "x".join(map(str, s)))
+def test_gemm_sm90_bn256_on_the_emulator(hop, shape):
+    """The BN = 256 tiles (wgmma m64n256k16, B boxes of 256 rows): N spans two tiles, tails everywhere."""
+
+    class Wide:
+        array_module = staticmethod(hop.array_module)
+
+        @staticmethod
+        def gemm(*args, **kwargs):
+            return hop.gemm(*args, block_n=256, **kwargs)
+
+    for i, (epilogue, out_dtype) in enumerate([("none", "float32"), ("residual", "bfloat16"), ("gelu_erf", "float32")]):
+        check_gemm(Wide, *shape, "bfloat16", out_dtype, epilogue, seed=20 + i)
 
 
 @needs_cxx
@@ -105,6 +123,9 @@ def test_tensor_map_parameters():
 
     m = tensor_maps.gemm_operand_map(70, 40)
     assert (m.dims, m.strides, m.box, m.swizzle, m.box_bytes) == ((40, 70), (80,), (64, 128), 128, 16384)
+    assert tensor_maps.gemm_operand_map(300, 136, 256).box == (64, 256)
+    with pytest.raises(ValueError, match="128 or 256 rows"):
+        tensor_maps.gemm_operand_map(70, 40, 64)
     sw, raw = tensor_maps.attention_qkv_maps(L=100, H=16, head_dim=72)
     assert (sw.dims, sw.strides, sw.box, sw.swizzle) == ((72, 48, 100), (144, 2 * 3 * 16 * 72), (64, 1, 64), 128)
     assert raw.swizzle == 0 and raw.dims == sw.dims

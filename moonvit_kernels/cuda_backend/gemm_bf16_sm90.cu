@@ -5,14 +5,15 @@
 // EPI_GELU_ERF, EPI_RESIDUAL (C = R + A·Bᵀ, R may alias C). Any M, N; K % 8 == 0 and 16-byte aligned
 // A, B (the tensor maps need 16-byte global strides); other K take the mma.sync kernel.
 //
-// Block tile 128 x 128, K step 64 (64 bf16 = 128 bytes: one 128-byte-swizzled row), a 4-stage ring.
+// Block tile 128 x BN (BN = 128 or 256, a template argument), K step 64 (64 bf16 = 128 bytes: one
+// 128-byte-swizzled row), a 4-stage ring.
 // 3 warpgroups, specialised:
 //   warpgroup 0, the producer: gives registers back (setmaxnreg.dec), and one thread loops over the
 //     K tiles: wait until stage s is empty, announce its bytes on full[s] (arrive.expect_tx), and
 //     issue two tensor copies (A 128 x 64 box, B 128 x 64 box) that complete on full[s]; the copy
-//     engine zero-fills rows past M / N and columns past K, so tails need no code.
+//     engine zero-fills rows past M / N and columns past K, so tails need no code. (B's box is BN rows.)
 //   warpgroups 1, 2, the consumers (rows 0..63 and 64..127 of the tile): take registers
-//     (setmaxnreg.inc), wait for full[s], issue 4 wgmma m64n128k16 from shared-memory descriptors
+//     (setmaxnreg.inc), wait for full[s], issue 4 wgmma m64nBNk16 from shared-memory descriptors
 //     (one per 16-wide K slice: the descriptor's start address moves 32 bytes within the swizzled
 //     rows), commit, keep one group in flight (wait_group 1) and release the previous stage
 //     (one arrival per consumer warpgroup on empty[s]).
@@ -23,19 +24,32 @@
 #include "common.cuh"
 #include "ptx_sm90.cuh"
 
-namespace gemm_sm90_cfg {
-constexpr int BM = 128, BN = 128, BK = 64, STAGES = 4;
-constexpr int CONSUMERS = 2, THREADS = 128 * (1 + CONSUMERS);
-constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
-constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;  // what one full[s] phase expects
-constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;  // + barriers + alignment slack
-constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 x (40 + 2 x 232) = 64512 <= 65536
-constexpr int SWIZZLE_ROW_BYTES = 128;                  // BK * 2: rows of the 128-byte swizzle pattern
-constexpr int SBO = 8 * SWIZZLE_ROW_BYTES;             // bytes between 8-row groups of a K-major tile
-static_assert(SMEM_BYTES <= 227 * 1024, "shared memory of one block on sm_90");
-static_assert(128 * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= 65536, "setmaxnreg budget");
-static_assert(BK * 2 == SWIZZLE_ROW_BYTES, "a K tile row is one 128-byte swizzle row");
-}  // namespace gemm_sm90_cfg
+// BN_ = 128 or 256 (the N extent of the block tile and of each consumer's wgmma).
+template <int BN_>
+struct GemmSm90Cfg {
+  static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = 4;
+  static constexpr int CONSUMERS = 2, THREADS = 128 * (1 + CONSUMERS);
+  static constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
+  static constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;  // what one full[s] phase expects
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;  // + barriers + alignment slack
+  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 x (40 + 2 x 232) = 64512 <= 65536
+  static constexpr int SWIZZLE_ROW_BYTES = 128;                  // BK * 2: rows of the 128-byte swizzle pattern
+  static constexpr int SBO = 8 * SWIZZLE_ROW_BYTES;             // bytes between 8-row groups of a K-major tile
+  static_assert(BN == 128 || BN == 256, "gemm_bf16_sm90: BN is 128 or 256");
+  static_assert(SMEM_BYTES <= 227 * 1024, "shared memory of one block on sm_90");
+  static_assert(128 * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= 65536, "setmaxnreg budget");
+  static_assert(BK * 2 == SWIZZLE_ROW_BYTES, "a K tile row is one 128-byte swizzle row");
+};
+
+// acc (+)= the consumer's 64 rows x BN columns for one k16 slice.
+template <int BN>
+__device__ __forceinline__ void gemm_sm90_mma(float (&acc)[BN / 2], unsigned long long da, unsigned long long db) {
+  if constexpr (BN == 128) {
+    wgmma_m64n128k16_ss(acc, da, db, 1);
+  } else {
+    wgmma_m64n256k16_ss(acc, da, db, 1);
+  }
+}
 
 // Store outputs (row, col) and (row, col + 1) after the epilogue; col is even.
 template <typename OutT, int EPI>
@@ -56,13 +70,15 @@ __device__ __forceinline__ void gemm_sm90_store_pair(OutT* C, const OutT* R, int
 }
 
 // tma_a: A as a 2-D tensor {K, M} (K innermost), box {64, 128}, 128-byte swizzle, zero fill;
-// tma_b: B likewise {K, N}, box {64, 128}. Grid (ceil(N / 128), ceil(M / 128)), 384 threads,
-// gemm_sm90_cfg::SMEM_BYTES of dynamic shared memory.
-template <typename OutT, int EPI>
-__global__ void __launch_bounds__(gemm_sm90_cfg::THREADS, 1)
+// tma_b: B likewise {K, N}, box {64, BN} (tensor_maps.py). Grid (ceil(N / BN), ceil(M / 128)),
+// 384 threads, GemmSm90Cfg<BN>::SMEM_BYTES of dynamic shared memory.
+template <typename OutT, int EPI, int BN_ = 128>
+__global__ void __launch_bounds__(GemmSm90Cfg<BN_>::THREADS, 1)
     gemm_bf16_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b, OutT* C, const OutT* R,
                    int M, int N, int K) {
-  using namespace gemm_sm90_cfg;
+  using Cfg = GemmSm90Cfg<BN_>;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, CONSUMERS = Cfg::CONSUMERS;
+  constexpr int A_STAGE_BYTES = Cfg::A_STAGE_BYTES, STAGE_BYTES = Cfg::STAGE_BYTES, SBO = Cfg::SBO;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // The 128-byte swizzle repeats every 1024 bytes of shared address: align the ring to that.
   const unsigned raw_addr = sm90_smem_addr(smem_raw);
@@ -86,7 +102,7 @@ __global__ void __launch_bounds__(gemm_sm90_cfg::THREADS, 1)
   __syncthreads();
 
   if (wg == 0) {  // ------------------------------------------------ producer
-    setmaxnreg_dec<PRODUCER_REGS>();
+    setmaxnreg_dec<Cfg::PRODUCER_REGS>();
     if (t == 0) {
       tma_prefetch_map(&tma_a);
       tma_prefetch_map(&tma_b);
@@ -100,7 +116,7 @@ __global__ void __launch_bounds__(gemm_sm90_cfg::THREADS, 1)
       }
     }
   } else {  // ------------------------------------------------------ consumers
-    setmaxnreg_inc<CONSUMER_REGS>();
+    setmaxnreg_inc<Cfg::CONSUMER_REGS>();
     const int rows = (wg - 1) * 64;  // this warpgroup's rows within the tile
     float acc[BN / 2];
 #pragma unroll
@@ -116,7 +132,7 @@ __global__ void __launch_bounds__(gemm_sm90_cfg::THREADS, 1)
       for (int kk = 0; kk < BK / 16; ++kk) {  // 16 bf16 = 32 bytes further along the swizzled rows
         const unsigned long long da = wgmma_desc(a_base + kk * 32, 16, SBO, WGMMA_SWIZZLE_128B);
         const unsigned long long db = wgmma_desc(b_base + kk * 32, 16, SBO, WGMMA_SWIZZLE_128B);
-        wgmma_m64n128k16_ss(acc, da, db, 1);
+        gemm_sm90_mma<BN>(acc, da, db);
       }
       wgmma_commit();
       wgmma_wait<1>();  // tile kt - 1's MMAs are done: its stage may be refilled

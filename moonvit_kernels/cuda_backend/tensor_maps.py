@@ -6,8 +6,9 @@ emulator (`emulation/hopper.py`, through its model of the driver's encoder) and 
 (through `encode`, the driver's cuTensorMapEncodeTiled) both build them from here, so the
 emulator tests check the parameters a GPU run will use.
 
-- `gemm_operand_map(rows, K)`: an operand [rows, K] of gemm_bf16_sm90 (A: rows = M, B: rows = N):
-  dims {K, rows}, row pitch 2K bytes, box {64, 128} (a 128 x 64 K tile), 128-byte swizzle.
+- `gemm_operand_map(rows, K, box_rows)`: an operand [rows, K] of gemm_bf16_sm90 (A: rows = M,
+  box_rows = 128; B: rows = N, box_rows = the kernel's BN, 128 or 256): dims {K, rows}, row pitch
+  2K bytes, box {64, box_rows} (a box_rows x 64 K tile), 128-byte swizzle.
 - `attention_qkv_maps(L, H, head_dim)`: qkv [L, 3·H·hd] of flash_attn_sm90 as a 3-D tensor
   {hd, 3H, L} (strides 2·hd and 2·3·H·hd bytes), box {64, 1, 64}: one with the 128-byte swizzle
   (Q, K) and one without (V, transposed in the kernel).
@@ -37,17 +38,19 @@ class TiledMap:
         return 2 * int(np.prod(self.box))
 
 
-GEMM_BOX = (64, 128)  # gemm_sm90_cfg: BK x BM (= BN)
+GEMM_BK = 64  # GemmSm90Cfg: the K tile (64 bf16 = one 128-byte swizzled row)
 ATTENTION_BOX = (64, 1, 64)  # AttnSm90Cfg: 64 head dims x one (slot, head) x BKV = BQ tokens
 
 
-def gemm_operand_map(rows: int, K: int) -> TiledMap:
-    """The map of a K-contiguous bf16 operand [rows, K] of gemm_bf16_sm90."""
+def gemm_operand_map(rows: int, K: int, box_rows: int = 128) -> TiledMap:
+    """The map of a K-contiguous bf16 operand [rows, K] of gemm_bf16_sm90 (box_rows: 128 for A, BN for B)."""
     if K % 8:
         raise ValueError(f"gemm_bf16_sm90 needs K % 8 == 0 (16-byte tensor-map row pitch), got K={K}")
     if rows < 1 or K < 1:
         raise ValueError(f"empty operand [{rows}, {K}]")
-    return TiledMap((K, rows), (2 * K,), GEMM_BOX, 128)
+    if box_rows not in (128, 256):
+        raise ValueError(f"gemm_bf16_sm90 tiles are 128 or 256 rows, not {box_rows}")
+    return TiledMap((K, rows), (2 * K,), (GEMM_BK, box_rows), 128)
 
 
 def attention_qkv_maps(L: int, H: int, head_dim: int) -> tuple[TiledMap, TiledMap]:

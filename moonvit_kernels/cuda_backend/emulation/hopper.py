@@ -145,10 +145,11 @@ def _model_map(m: tensor_maps.TiledMap, address: int) -> np.ndarray:
     return view
 
 
-def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32", fault: int = 0):
+def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32", fault: int = 0, block_n: int = 128):
     """launchers.gemm for bf16 operands on the sm90 kernel (emulated). K % 8 == 0 (TMA strides).
 
-    `fault=1` plants a bug (B's tensor map starts 8 elements late) for tests of a self-check."""
+    `block_n`: the kernel's BN (128 or 256). `fault=1` plants a bug (B's tensor map starts 8
+    elements late) for tests of a self-check."""
     if a.dtype != np.uint16 or b.dtype != np.uint16:
         raise ValueError("gemm_bf16_sm90 takes bf16 operands (uint16 bits)")
     M, K = a.shape
@@ -158,13 +159,14 @@ def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32",
     if epilogue not in _EPI:
         raise ValueError(f"unknown epilogue {epilogue!r}; known: {', '.join(_EPI)}")
     map_a = _model_map(tensor_maps.gemm_operand_map(M, K), _ptr(a).value)
-    map_b = _model_map(tensor_maps.gemm_operand_map(N, K), _ptr(b).value + (16 if fault == 1 else 0))
+    map_b = _model_map(tensor_maps.gemm_operand_map(N, K, block_n), _ptr(b).value + (16 if fault == 1 else 0))
     if out is None:
         out = np.full((M, N), np.nan, np.float32) if out_dtype == "float32" else np.full((M, N), 0x7FC0, np.uint16)
     r = out if residual is None else residual
     rc = library().hop_gemm_sm90(
         _i(out.dtype == np.uint16),
         _i(_EPI[epilogue]),
+        _i(block_n),
         _ptr(map_a),
         _ptr(map_b),
         _ptr(out),

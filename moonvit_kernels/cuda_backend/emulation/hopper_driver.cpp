@@ -16,25 +16,25 @@ unsigned char* aligned_smem() {
 
 // The tensor maps come encoded (by the model of cuTensorMapEncodeTiled, from the parameters in
 // cuda_backend/tensor_maps.py), as a GPU launcher passes them.
-template <typename OutT, int EPI>
+template <typename OutT, int EPI, int BN>
 int gemm_sm90_launch(const void* map_a, const void* map_b, void* C, const void* R, int M, int N, int K) {
-  using namespace gemm_sm90_cfg;
+  using Cfg = GemmSm90Cfg<BN>;
   TmaMap ma, mb;
   std::memcpy(&ma, map_a, sizeof ma);
   std::memcpy(&mb, map_b, sizeof mb);
   const int regs_at_entry = 168;  // __launch_bounds__(384, 1): 65536 / 384 rounded down to a multiple of 8
-  hx::launch_async(dim3{unsigned((N + BN - 1) / BN), unsigned((M + BM - 1) / BM), 1}, dim3{THREADS, 1, 1},
-                   SMEM_BYTES, regs_at_entry,
-                   [&] { gemm_bf16_sm90<OutT, EPI>(ma, mb, (OutT*)C, (const OutT*)R, M, N, K); });
+  hx::launch_async(dim3{unsigned((N + BN - 1) / BN), unsigned((M + Cfg::BM - 1) / Cfg::BM), 1},
+                   dim3{Cfg::THREADS, 1, 1}, Cfg::SMEM_BYTES, regs_at_entry,
+                   [&] { gemm_bf16_sm90<OutT, EPI, BN>(ma, mb, (OutT*)C, (const OutT*)R, M, N, K); });
   return 0;
 }
-template <typename T>
+template <typename T, int BN>
 int gemm_sm90_dispatch(int epi, const void* ma, const void* mb, void* C, const void* R, int M, int N, int K) {
   switch (epi) {
-    case 0: return gemm_sm90_launch<T, 0>(ma, mb, C, R, M, N, K);
-    case 1: return gemm_sm90_launch<T, 1>(ma, mb, C, R, M, N, K);
-    case 2: return gemm_sm90_launch<T, 2>(ma, mb, C, R, M, N, K);
-    case 3: return gemm_sm90_launch<T, 3>(ma, mb, C, R, M, N, K);
+    case 0: return gemm_sm90_launch<T, 0, BN>(ma, mb, C, R, M, N, K);
+    case 1: return gemm_sm90_launch<T, 1, BN>(ma, mb, C, R, M, N, K);
+    case 2: return gemm_sm90_launch<T, 2, BN>(ma, mb, C, R, M, N, K);
+    case 3: return gemm_sm90_launch<T, 3, BN>(ma, mb, C, R, M, N, K);
   }
   return 2;
 }
@@ -54,10 +54,13 @@ int attn_sm90_launch(const void* map_sw, const void* map_raw, void* out, float* 
 }  // namespace
 
 extern "C" {
-int hop_gemm_sm90(int out_bf16, int epi, const void* map_a, const void* map_b, void* C, const void* R, int M, int N,
-                  int K) {
-  return out_bf16 ? gemm_sm90_dispatch<bf16>(epi, map_a, map_b, C, R, M, N, K)
-                  : gemm_sm90_dispatch<float>(epi, map_a, map_b, C, R, M, N, K);
+int hop_gemm_sm90(int out_bf16, int epi, int bn, const void* map_a, const void* map_b, void* C, const void* R, int M,
+                  int N, int K) {
+  if (bn == 256)
+    return out_bf16 ? gemm_sm90_dispatch<bf16, 256>(epi, map_a, map_b, C, R, M, N, K)
+                    : gemm_sm90_dispatch<float, 256>(epi, map_a, map_b, C, R, M, N, K);
+  return out_bf16 ? gemm_sm90_dispatch<bf16, 128>(epi, map_a, map_b, C, R, M, N, K)
+                  : gemm_sm90_dispatch<float, 128>(epi, map_a, map_b, C, R, M, N, K);
 }
 int hop_attention_sm90(int hd, const void* map_sw, const void* map_raw, void* out, float* lse, const int* cu,
                        int nitems, int max_len, int H) {

@@ -44,6 +44,9 @@ inline void wgmma_m64n128k16_ss(float (&d)[64], unsigned long long desc_a, unsig
   emu::hopper::wgmma_issue(d, 128, desc_a, desc_b, scale_d != 0);
 }
 
+inline void wgmma_m64n256k16_ss(float (&d)[128], unsigned long long desc_a, unsigned long long desc_b, int scale_d) {
+  emu::hopper::wgmma_issue(d, 256, desc_a, desc_b, scale_d != 0);
+}
 inline void wgmma_m64n64k16_ss(float (&d)[32], unsigned long long desc_a, unsigned long long desc_b, int scale_d) {
   emu::hopper::wgmma_issue(d, 64, desc_a, desc_b, scale_d != 0);
 }
