@@ -305,6 +305,7 @@ class Encoder:
         out["embedding"] = np.array(embeddings, dtype=object)
         out["dtype"] = np.array(dtypes, dtype=object)
         out["num_tokens"] = np.array(tokens, dtype=np.int64)
+        out["backend"] = np.array([self.model.backend_name] * n, dtype=object)
         return out
 
     def _forward(self, pixels: list[np.ndarray], grids: list[tuple[int, int, int]]) -> list[np.ndarray]:
@@ -390,7 +391,8 @@ def read_embeddings(out: str | os.PathLike) -> dict[str, np.ndarray]:
 # ============================================================================ the run
 @dataclass
 class Summary:
-    """What a run did: counts, seconds, and where the manifest and errors are."""
+    """What a run did: counts over the whole of DST (images, encoded, errors), this run's work
+    (shards written, output tokens, images handled, seconds), and where the manifest and errors are."""
 
     images: int
     encoded: int
@@ -398,14 +400,15 @@ class Summary:
     skipped_shards: int
     written_shards: int
     tokens: int
+    run_images: int
     seconds: float
     manifest: Path
     errors_file: Path
 
     @property
     def images_per_second(self) -> float:
-        done = self.encoded + self.errors
-        return done / self.seconds if self.seconds > 0 else 0.0
+        """Images (good or bad) this run handled, per second of this run."""
+        return self.run_images / self.seconds if self.seconds > 0 else 0.0
 
 
 def encode_dataset(
@@ -448,21 +451,23 @@ def encode_dataset(
     out.mkdir(parents=True, exist_ok=True)
     pending = [s for s in shards if not shard_is_done(out, s)]
 
-    started_ray = not ray.is_initialized()
+    started_ray = bool(pending) and not ray.is_initialized()  # nothing to do: no Ray at all
     if started_ray:
         init_ray(num_cpus)
     start = time.perf_counter()
     written: dict[int, dict[str, Any]] = {}
+    backends: list[str] = []
     try:
         if pending:
-            written = _run_pipeline(
+            written, backends = _run_pipeline(
                 ray, sources, pending, out, weights, backend, batch_tokens, actors, limits, config, progress, tqdm
             )
     finally:
         if started_ray:
             ray.shutdown()
     seconds = time.perf_counter() - start
-    return _finish(src, out, shards, written, settings, config, backend, batch_tokens, seconds, len(sources))
+    run = {"backend": backend, "backends_used": backends, "batch_tokens": batch_tokens, "seconds": seconds}
+    return _finish(src, out, shards, written, settings, config, run, len(sources))
 
 
 def _run_pipeline(
@@ -478,8 +483,9 @@ def _run_pipeline(
     config: Any,
     progress: bool,
     tqdm: Any,
-) -> dict[int, dict[str, Any]]:
-    """Run decode -> encode for the pending shards; write each shard as soon as all its rows are in."""
+) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """Run decode -> encode for the pending shards; write each shard as soon as all its rows are in.
+    Returns the written shards' summaries and the backends the actors ran."""
     import ray.data
 
     context = ray.data.DataContext.get_current()
@@ -519,16 +525,18 @@ def _run_pipeline(
     by_number = {s.number: s for s in pending}
     gathered: dict[int, list[dict[str, Any]]] = {s.number: [] for s in pending}
     written = {}
+    backends: set[str] = set()
     bar = tqdm(total=len(items), desc="images", unit="img", disable=not progress)
     for row in _rows(ds):
         number = int(row["shard"])
         gathered[number].append(row)
+        backends.add(str(row["backend"]))
         bar.update(1)
         if len(gathered[number]) == expected[number]:
             written[number] = write_shard(out, by_number[number], gathered.pop(number), config.text_hidden_size)
             bar.set_postfix_str(f"{len(written)}/{len(pending)} shards")
     bar.close()
-    return written
+    return written, sorted(backends)
 
 
 def _rows(ds: Any) -> Iterator[dict[str, Any]]:
@@ -545,14 +553,13 @@ def _finish(
     written: dict[int, dict[str, Any]],
     settings: dict[str, Any],
     config: Any,
-    backend: str,
-    batch_tokens: int,
-    seconds: float,
+    run: dict[str, Any],
     images: int,
 ) -> Summary:
     """Merge the shards' errors into errors.jsonl and write manifest.json."""
     import pyarrow.parquet as pq
 
+    seconds = run["seconds"]
     entries = []
     error_lines = []
     for s in shards:
@@ -581,8 +588,9 @@ def _finish(
         "source": str(src),
         "settings": settings,
         "vision_config": config.to_dict(),
-        "backend": backend,
-        "batch_tokens": batch_tokens,
+        "backend": run["backend"],
+        "backends_used_this_run": run["backends_used"],
+        "batch_tokens": run["batch_tokens"],
         "embedding": {"column": "embedding", "shape": ["num_tokens", config.text_hidden_size]},
         "images": images,
         "encoded": encoded,
@@ -607,6 +615,7 @@ def _finish(
         skipped_shards=len(shards) - len(written),
         written_shards=len(written),
         tokens=tokens,
+        run_images=run_images,
         seconds=seconds,
         manifest=manifest_path,
         errors_file=errors_file,

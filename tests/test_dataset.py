@@ -121,6 +121,7 @@ def test_encode_dataset_matches_single_process_and_resumes(local_ray, images, tm
     assert "cannot read as an image" in errors[0]["reason"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["encoded"] == N_IMAGES - 1 and manifest["errors"] == 1 and len(manifest["shards"]) == 4
+    assert manifest["backends_used_this_run"] == ["numpy"]
 
     # Resume: delete one shard, run again: only that shard is redone, with the same values.
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.parquet")}
