@@ -332,7 +332,21 @@ def fetch(
         }
         if same:  # already complete: only config, index and headers were read
             return {**old, "bytes_read_this_run": src.bytes_read}
-    (out / PARTS_DIR).mkdir(parents=True, exist_ok=True)
+    parts = out / PARTS_DIR
+    wanted = {
+        "source": str(source),
+        "revision": src.revision,
+        "tensors": [[t.name, t.shard, t.start, t.end] for t in ranges],
+    }
+    if parts.is_dir():  # resume only bytes of the same source, revision and layout
+        try:
+            same = json.loads((parts / "plan.json").read_text()) == wanted
+        except (OSError, json.JSONDecodeError):
+            same = False
+        if not same:
+            shutil.rmtree(parts)
+    parts.mkdir(parents=True, exist_ok=True)
+    (parts / "plan.json").write_text(json.dumps(wanted))
     vision_bytes = sum(t.nbytes for t in ranges)
     bar = tqdm(total=vision_bytes, unit="B", unit_scale=True, desc="vision weights", disable=not progress)
     fetched = 0

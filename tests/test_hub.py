@@ -263,6 +263,20 @@ def test_resume_after_an_interrupted_transfer(checkpoint, server, tmp_path):
     assert again["tensors"] == full["tensors"]  # same sha256 for every tensor
 
 
+def test_parts_of_another_source_are_not_reused(checkpoint, server, tmp_path):
+    server.fail_after = 20_000  # config, index, headers, then part of the tensors
+    with pytest.raises(hub.FetchError, match="resume"):
+        hub.fetch(server.url, tmp_path / "v", progress=False, chunk_bytes=1024)
+    assert any((tmp_path / "v" / hub.PARTS_DIR).glob("*.part"))
+    wts = W.random_weights(CFG, seed=13)
+    W.save_checkpoint(tmp_path / "other", wts, CFG, dtype="float32")
+    manifest = hub.fetch(str(tmp_path / "other"), tmp_path / "v", progress=False)
+    assert manifest["vision_bytes_fetched_this_run"] == manifest["vision_bytes"]  # nothing reused
+    _, got = W.load_checkpoint(tmp_path / "v")
+    for k, v in wts.items():
+        np.testing.assert_array_equal(got[k], v)
+
+
 def test_fetch_errors_are_clear(checkpoint, server, tmp_path):
     with pytest.raises(hub.FetchError, match=r"no file config\.json"):
         hub.fetch(server.url + "/nowhere", tmp_path / "a", progress=False)
