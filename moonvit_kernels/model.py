@@ -116,7 +116,8 @@ class MoonViT:
 
         Inputs: NumPy, torch (CPU/CUDA), CuPy, numba device arrays or DLPack objects (`interop`).
         Outputs are the backend's arrays (NumPy, numba device arrays, CuPy), NumPy with `as_numpy`,
-        torch tensors sharing their memory with `as_torch` (stages too).
+        torch tensors sharing their memory with `as_torch` (stages too, where the backend keeps them:
+        host copies for numba, device arrays for cupy).
         `on_layer(i)` is called after encoder block i (progress bars)."""
         if as_numpy and as_torch:
             raise ValueError("as_numpy and as_torch exclude each other: choose one output kind")
