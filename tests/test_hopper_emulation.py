@@ -135,6 +135,18 @@ def test_tensor_map_parameters():
         tensor_maps.attention_qkv_maps(10, 2, 136)
 
 
+@needs_cxx
+def test_gpu_launchers_use_the_kernels_shared_memory_sizes(hop):
+    from moonvit_kernels.cuda_backend import hopper_launchers as hl
+
+    lib = hop.library()
+    for bn in (128, 256):
+        assert hl.gemm_smem_bytes(bn) == lib.hop_smem_bytes(0, bn)
+    for hd in hop.ATTENTION_HEAD_DIMS:
+        assert hl.attention_smem_bytes(hd) == lib.hop_smem_bytes(1, hd)
+    assert len(set(hl.gemm_names())) == 16 and hl.gemm_name("bfloat16", "residual", 256) == GEMM_NAMES[-1]
+
+
 # ============================================================================ NVRTC for sm_90a
 @pytest.fixture(scope="module", params=sorted(BUILDS))
 def sm90a_build(request):
@@ -239,3 +251,49 @@ def test_self_check_falls_back_when_the_kernel_raises():
     with pytest.warns(selfcheck.SelfCheckWarning, match="RuntimeError: no sm_90a image"):
         assert not gemm.check()
     assert gemm.check() is False  # checked once only
+
+
+# ============================================================================ on an sm_90 GPU (marker `gpu`)
+@pytest.fixture(scope="module")
+def hl():
+    cp = pytest.importorskip("cupy", reason="CuPy not installed (pip install -e '.[cuda13]')")
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the Hopper kernels need a compute capability 9.0 device")
+    from moonvit_kernels.cuda_backend import hopper_launchers
+
+    return hopper_launchers
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("shape", [*GEMM_SHAPES, (1030, 4096, 1152)], ids=lambda s: "x".join(map(str, s)))
+def test_gemm_sm90_on_the_gpu(hl, shape, block_n):
+    class K:
+        array_module = staticmethod(hl.array_module)
+
+        @staticmethod
+        def gemm(*args, **kwargs):
+            return hl.gemm(*args, block_n=block_n, **kwargs)
+
+    for out_dtype in ("float32", "bfloat16"):
+        for i, epilogue in enumerate(EPILOGUES):
+            check_gemm(K, *shape, "bfloat16", out_dtype, epilogue, seed=30 + i)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim, heads, lens", [*ATTN_CASES, (128, 16, [1024, 300])])
+def test_flash_attn_sm90_on_the_gpu(hl, head_dim, heads, lens):
+    check_attention(hl, "bfloat16", head_dim, heads, lens, seed=head_dim)
+
+
+@pytest.mark.gpu
+def test_first_use_check_accepts_the_hopper_kernels_on_the_gpu(hl):
+    from moonvit_kernels.cuda_backend import launchers, selfcheck
+
+    cp = hl.array_module()
+    gemm = selfcheck.FirstUseCheck("gemm_bf16_sm90", hl.gemm, launchers.gemm, selfcheck.gemm_probe(cp), rtol=1e-2)
+    attn = selfcheck.FirstUseCheck(
+        "flash_attn_sm90", hl.attention, launchers.attention, selfcheck.attention_probe(cp, 128), rtol=1e-2
+    )
+    assert gemm.check(), gemm.error
+    assert attn.check(), attn.error

@@ -73,6 +73,18 @@ int hop_attention_sm90(int hd, const void* map_sw, const void* map_raw, void* ou
   return 2;
 }
 
+// The kernels' dynamic shared memory (kind 0: GEMM with BN = param, 1: attention with HD = param).
+int hop_smem_bytes(int kind, int param) {
+  if (kind == 0) return param == 256 ? GemmSm90Cfg<256>::SMEM_BYTES : GemmSm90Cfg<128>::SMEM_BYTES;
+  switch (param) {
+    case 24: return AttnSm90Cfg<24>::SMEM_BYTES;
+    case 64: return AttnSm90Cfg<64>::SMEM_BYTES;
+    case 72: return AttnSm90Cfg<72>::SMEM_BYTES;
+    case 128: return AttnSm90Cfg<128>::SMEM_BYTES;
+  }
+  return -1;
+}
+
 // ---------------------------------------------------------------- pure functions
 unsigned long long hop_desc_encode(unsigned addr, unsigned lbo, unsigned sbo, int mode) {
   return wgmma_desc(addr, lbo, sbo, mode);  // the kernels' encoder (sm90.cuh)

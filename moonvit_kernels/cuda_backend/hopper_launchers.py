@@ -1,0 +1,147 @@
+"""CuPy launchers for the Hopper kernels (gemm_bf16_sm90.cu, flash_attn_sm90.cu) — NOT YET RUN ON A GPU.
+
+Same API as `launchers.gemm` / `launchers.attention` for bf16 operands. Differences from the
+mma.sync launchers:
+- the kernels need sm_90a (wgmma, setmaxnreg), so each file is compiled here by NVRTC for sm_90a
+  to a cubin (`nvrtc_check.compile_text`, the compile tier's own options) and loaded with
+  `cupy.RawModule(path=...)`; kernels are looked up by their mangled names;
+- the operands are passed as tensor maps (`tensor_maps.py`, encoded by the driver), by value, as
+  64-byte aligned 128-byte structs (a NumPy structured scalar; CuPy passes structs by value);
+- the blocks use more than 48 KB of dynamic shared memory (`max_dynamic_shared_size_bytes`).
+Use them only behind `selfcheck.FirstUseCheck` (trusted side: the mma.sync launchers) on devices
+of compute capability 9.0. `SMEM_BYTES` mirror the kernels' configs (checked against the emulator).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from moonvit_kernels.cuda_backend import nvrtc_check, tensor_maps
+from moonvit_kernels.cuda_backend import sources as kcuda
+
+GEMM_SOURCE, ATTENTION_SOURCE = "gemm_bf16_sm90.cu", "flash_attn_sm90.cu"
+GEMM_THREADS, ATTENTION_THREADS = 384, 256
+ATTENTION_HEAD_DIMS = tuple(range(8, 129, 8))
+
+
+def array_module() -> Any:
+    """CuPy (the launchers take and return CuPy arrays)."""
+    import cupy as cp
+
+    return cp
+
+
+def gemm_smem_bytes(block_n: int) -> int:
+    """GemmSm90Cfg<BN>::SMEM_BYTES: 4 stages of A (128 x 64) and B (BN x 64) bf16, 8 barriers, 1 KB alignment."""
+    return 4 * (128 * 64 * 2 + block_n * 64 * 2) + 2 * 4 * 8 + 1024
+
+
+def attention_smem_bytes(head_dim: int) -> int:
+    """AttnSm90Cfg<HD>::SMEM_BYTES: Q, 2 stages of K, raw V and transposed V, 9 barriers, 1 KB alignment."""
+    db = (head_dim + 63) // 64
+    q = k = vraw = db * 64 * 128
+    vt = 64 * db * 64 * 2
+    return q + 2 * (k + vraw + vt) + 8 * (1 + 4 * 2) + 1024
+
+
+def gemm_name(out_dtype: str, epilogue: str, block_n: int = 128) -> str:
+    out = "float" if out_dtype == "float32" else kcuda.BF16
+    return f"gemm_bf16_sm90<{out}, {kcuda.EPILOGUES[epilogue]}, {block_n}>"
+
+
+def attention_name(head_dim: int) -> str:
+    return f"flash_attn_sm90<{int(head_dim)}>"
+
+
+def gemm_names() -> tuple[str, ...]:
+    return tuple(gemm_name(o, e, bn) for bn in (128, 256) for o in ("float32", "bfloat16") for e in kcuda.EPILOGUES)
+
+
+@functools.cache
+def _module(device_id: int, source: str, names: tuple[str, ...]) -> tuple[Any, dict[str, str]]:
+    """(RawModule, {name expression: mangled name}) of `source` built for sm_90a, for device `device_id`."""
+    import cupy as cp
+
+    cubin, _, lowered = nvrtc_check.compile_text(kcuda._inline(source, set()), source, names, "sm_90a")
+    fd, path = tempfile.mkstemp(suffix=f".{source}.sm_90a.cubin")
+    with os.fdopen(fd, "wb") as f:
+        f.write(cubin)
+    return cp.RawModule(path=path), lowered
+
+
+def _kernel(source: str, name: str, names: tuple[str, ...], smem: int) -> Any:
+    import cupy as cp
+
+    module, lowered = _module(cp.cuda.Device().id, source, names)
+    kernel = module.get_function(lowered[name])
+    kernel.max_dynamic_shared_size_bytes = smem
+    return kernel
+
+
+@functools.cache
+def _map_dtype() -> np.dtype:
+    import cupy as cp
+
+    return cp.make_aligned_dtype(np.dtype([("opaque", np.uint64, (16,))]), alignment=64)
+
+
+def _map_arg(m: tensor_maps.TiledMap, address: int) -> Any:
+    """The tensor map as a by-value kernel argument."""
+    if address % 16:
+        raise ValueError("tensor maps need 16-byte aligned global addresses")
+    return np.frombuffer(tensor_maps.encode(m, address).tobytes(), dtype=_map_dtype())[0]
+
+
+def _check_bf16(*arrays: Any) -> None:
+    for a in arrays:
+        if a.dtype != np.uint16 or not a.flags.c_contiguous:
+            raise ValueError("the Hopper kernels take C-contiguous bf16 arrays (uint16 bits)")
+
+
+def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32", block_n: int = 128):
+    """C = epilogue(a·bᵀ) by gemm_bf16_sm90 (bf16 a [M, K], b [N, K], K % 8 == 0); see launchers.gemm."""
+    import cupy as cp
+
+    _check_bf16(a, b)
+    M, K = a.shape
+    N = b.shape[0]
+    if b.shape[1] != K:
+        raise ValueError(f"gemm: inner dimensions differ (A has K={K}, B has K={b.shape[1]})")
+    map_a = _map_arg(tensor_maps.gemm_operand_map(M, K), a.data.ptr)
+    map_b = _map_arg(tensor_maps.gemm_operand_map(N, K, block_n), b.data.ptr)
+    if out is None:
+        out = cp.empty((M, N), dtype=cp.float32 if out_dtype == "float32" else cp.uint16)
+    r = out if residual is None else residual
+    name = gemm_name("float32" if out.dtype == cp.float32 else "bfloat16", epilogue, block_n)
+    smem = gemm_smem_bytes(block_n)
+    kernel = _kernel(GEMM_SOURCE, name, (name,), smem)  # one instantiation per module: a short first build
+    grid = ((N + block_n - 1) // block_n, (M + 127) // 128, 1)
+    kernel(grid, (GEMM_THREADS, 1, 1), (map_a, map_b, out, r, np.int32(M), np.int32(N), np.int32(K)), shared_mem=smem)
+    return out
+
+
+def attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
+    """Packed non-causal attention by flash_attn_sm90 (bf16 qkv, head_dim % 8 == 0, <= 128); see launchers.attention."""
+    import cupy as cp
+
+    _check_bf16(qkv)
+    if head_dim not in ATTENTION_HEAD_DIMS:
+        raise ValueError(f"flash_attn_sm90 supports head dims {ATTENTION_HEAD_DIMS[0]}..128 in steps of 8")
+    L = qkv.shape[0]
+    cu_host = np.asarray(cu_seqlens, dtype=np.int32)
+    cu = cp.asarray(cu_host) if cu_seqlens_device is None else cu_seqlens_device
+    sw, raw = (_map_arg(m, qkv.data.ptr) for m in tensor_maps.attention_qkv_maps(L, num_heads, head_dim))
+    out = cp.empty((L, num_heads * head_dim), dtype=cp.uint16)
+    lse = cp.empty((L, num_heads), dtype=cp.float32)
+    smem = attention_smem_bytes(head_dim)
+    name = attention_name(head_dim)
+    kernel = _kernel(ATTENTION_SOURCE, name, (name,), smem)
+    grid = ((int(np.max(np.diff(cu_host))) + 63) // 64, num_heads, cu_host.size - 1)
+    scale_log2 = np.float32(head_dim**-0.5 * 1.4426950408889634)
+    kernel(grid, (ATTENTION_THREADS, 1, 1), (sw, raw, out, lse, cu, np.int32(num_heads), scale_log2), shared_mem=smem)
+    return out, lse
