@@ -47,6 +47,7 @@ TOOLS = {
     "ipykernel": ("tests/test_notebooks.py", 'kernel_name="python3"'),
     "jupyterlab": ("CONTRIBUTING.md", "in Jupyter"),
     "aiohttp": ("moonvit_kernels/hub.py", 'fsspec.filesystem("http")'),  # fsspec's HTTP file system runs on it
+    "setuptools": ("tests/test_wheel.py", "--no-build-isolation"),  # builds the wheel (PEP 639 license: >= 77)
 }
 # the package's own modules that tests, scripts and notebooks import as top-level names
 LOCAL = {SELF, "helpers", "cuda_kernel_checks", "conftest"}
