@@ -29,7 +29,14 @@ def _reduce_kernel(x, out):
 def _find_kernel(items, col, n_items, out):
     i = cuda.grid(1)
     if i < out.shape[0]:
-        out[i] = find_item(items, col, n_items, i)
+        out[i] = find_item(items[:, col], n_items, i)
+
+
+@cuda.jit
+def _find_1d_kernel(offsets, n_items, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = find_item(offsets, n_items, i)
 
 
 def test_block_reduce_sum_and_max_match_numpy():
@@ -68,3 +75,11 @@ def test_find_item_before_the_first_item_is_minus_one():
     out = np.zeros(6, np.int32)
     _find_kernel[1, 8](items, np.int32(launch.ITEM_TOKEN_OFFSET), np.int32(2), out)
     np.testing.assert_array_equal(out, [-1, -1, -1, 0, 1, 1])
+
+
+def test_find_item_on_cu_seqlens_skips_empty_items():
+    """cu_seqlens may hold empty items (attention accepts them): the token goes to the non-empty item."""
+    cu = np.array([0, 3, 3, 5, 5, 5, 9], np.int32)  # items 1, 3 and 4 are empty
+    out = np.full(9, -7, np.int32)
+    _find_1d_kernel[1, 16](cu, np.int32(cu.shape[0] - 1), out)
+    np.testing.assert_array_equal(out, [0, 0, 0, 2, 2, 5, 5, 5, 5])

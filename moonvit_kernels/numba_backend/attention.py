@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32
 
-from .device_functions import REDUCE_MAX, REDUCE_SUM, block_reduce
+from .device_functions import REDUCE_MAX, REDUCE_SUM, block_reduce, find_item
 from .launch import ceil_div, check_array, check_launch, check_positive, copy_back, device_array, to_device
 
 VERSIONS = (1, 2)
@@ -90,17 +90,9 @@ def make_attention_v1(head_dim: int, threads: int) -> Callable:
         k_col = q_width + head * HD
         v_col = 2 * q_width + head * HD
 
-        # The item holding this row: the last i with cu_seqlens[i] <= row (binary search).
-        lo = 0
-        hi = cu_seqlens.shape[0] - 1
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if cu_seqlens[mid] <= row:
-                lo = mid
-            else:
-                hi = mid
-        kv_start = cu_seqlens[lo]
-        n_keys = cu_seqlens[lo + 1] - kv_start
+        item = find_item(cu_seqlens, cu_seqlens.shape[0] - 1, row)
+        kv_start = cu_seqlens[item]
+        n_keys = cu_seqlens[item + 1] - kv_start
 
         q_s = cuda.shared.array(HD, float32)
         scores = cuda.shared.array(V1_MAX_KEYS, float32)

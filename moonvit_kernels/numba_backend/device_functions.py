@@ -42,22 +42,23 @@ def block_reduce(buf, value, op):
 
 
 @cuda.jit(device=True, inline="always")
-def find_item(items, offset_col, n_items, index):
-    """The packed media item holding `index`: the last row n < n_items with `items[n, offset_col] <= index`.
+def find_item(offsets, n_items, index):
+    """The packed media item holding token `index`: the last n < n_items with `offsets[n] <= index`.
 
-    `items [N, C]` int32 (`launch.item_table`), whose column `offset_col` holds each item's first
-    token (or first merged token): 0 for item 0, strictly increasing (every item is non-empty).
-    Binary search, so the cost is log2(N) reads whatever the number of items. Returns -1 when
+    `offsets` is 1-D int32, item n's first token (or first merged token) at n: `cu_seqlens`, or a
+    column of `launch.item_table` (`items[:, ITEM_TOKEN_OFFSET]`). It starts at 0 and never
+    decreases; an empty item shares its offset with the next one and is never returned, since the
+    last match wins. Binary search: log2(N) reads whatever the number of items. Returns -1 when
     `index` precedes item 0; an index past the last item returns the last item, so callers
     bound-check `index` against the total first.
     """
-    if n_items < 1 or index < items[0, offset_col]:
+    if n_items < 1 or index < offsets[0]:
         return -1
     lo = 0
     hi = n_items
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if items[mid, offset_col] <= index:
+        if offsets[mid] <= index:
             lo = mid
         else:
             hi = mid

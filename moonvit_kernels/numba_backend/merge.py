@@ -41,7 +41,7 @@ def merge_gather_kernel(x, items, out, n_items, M_total, D, kh, kw):
     m = cuda.blockIdx.x
     if m >= M_total:
         return
-    item = find_item(items, ITEM_MERGED_OFFSET, n_items, m)
+    item = find_item(items[:, ITEM_MERGED_OFFSET], n_items, m)
     if item < 0:
         return
     t = items[item, 0]

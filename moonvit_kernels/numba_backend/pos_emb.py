@@ -67,7 +67,7 @@ def _make_kernel(mode: str) -> Any:
         l = cuda.blockIdx.x
         if l >= L:
             return
-        item = find_item(items, ITEM_TOKEN_OFFSET, n_items, l)
+        item = find_item(items[:, ITEM_TOKEN_OFFSET], n_items, l)
         if item < 0:
             return
         t = items[item, 0]

@@ -25,6 +25,7 @@ import numpy as np
 from numba import cuda, float32
 
 from ..config import ROPE_MAX_SIDE, ROPE_THETA
+from .device_functions import find_item
 from .launch import check_array, check_launch, check_positive, copy_back, threads_for, to_device
 
 SIGNATURE = "void(float32[:, ::1], int32[:, ::1], int32[::1], int32, int32, int32, int32)"
@@ -38,10 +39,7 @@ def rope2d_kernel(qkv, grid_thws, cu_seqlens, n_items, L, heads, head_dim):
     l = cuda.blockIdx.x
     if l >= L:
         return
-    item = -1
-    for n in range(n_items):
-        if cu_seqlens[n] <= l and l < cu_seqlens[n + 1]:
-            item = n
+    item = find_item(cu_seqlens, n_items, l)
     if item < 0:
         return
     h = grid_thws[item, 1]
