@@ -28,6 +28,13 @@ Versions (llm.c style: each keeps the idea of the previous one and changes one t
       (missing query rows are zero and never written, missing keys get score −inf).
       head_dim, BLOCK_Q and BLOCK_K are compile-time constants of a kernel made by a cached
       factory (shared arrays need compile-time sizes): one compiled kernel per (hd, tiles).
+      Q and K tile rows are padded by one float (`v2_shared_shapes`): no shared access is
+      worse than 2-way bank-conflicted. The QK and PV loops are `while` loops with constant
+      bounds, which the compiler unrolls (sm_90 SASS at hd 128: 3.4 and 2.5 instructions per
+      FFMA; numba `range` loops cost 24 and 9).
+
+Launches are checked on the host (`launch.check_launch`): block size against the kernel's
+registers (v1 at hd 24 uses ~128 per thread, so at most 480 threads), and grid limits.
 """
 
 from __future__ import annotations

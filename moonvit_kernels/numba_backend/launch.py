@@ -8,6 +8,10 @@ Arrays accepted by launchers: numba device arrays (`numba.cuda.to_device`, `devi
 host NumPy arrays for convenience, which `to_device` copies to the device (and `copy_back`
 copies an in-place result back into). Launchers always return device arrays.
 
+`check_launch` checks what the simulator cannot: every grid dimension (x < 2^31, y and z <= 65535),
+threads per block, and threads x registers per thread (from the compile tier's table in
+`registers.py`) against the 65,536 registers a block may use.
+
 Also here: grid-size helpers and the int32 tables that describe packed media items.
 """
 
