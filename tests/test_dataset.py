@@ -9,6 +9,7 @@ the corrupt one is in the errors file; a second run after deleting one shard red
 
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -210,3 +211,69 @@ def test_cli_encode_dataset_and_its_errors(local_ray, images, tmp_path, capsys):
     assert "w: no such checkpoint" in capsys.readouterr().err
     assert main(["encode-dataset", str(images), "--out", str(out), "--batch-tokens", "0"]) == 2
     assert "batch_tokens must be >= 1" in capsys.readouterr().err
+
+
+def test_encoder_isolates_an_item_that_fails_inside_a_pack(images):
+    """A pack whose forward raises is retried item by item: the bad item gets the reason, the others their values."""
+    config, _ = load_checkpoint(TINY_DIR)
+    rows = [
+        dataset.decode_row({"shard": 0, "index": i, "id": n, "path": str(images / n), "data": b""}, {}, str(TINY_DIR))
+        for i, n in enumerate(["00.png", "01.jpg", "02.png"])
+    ]
+    assert not any(r["error"] for r in rows)
+    bad = np.frombuffer(rows[1]["pixels"], dtype=np.float32).copy()
+    bad[7] = np.nan
+    rows[1]["pixels"] = bad.tobytes()
+    batch = {k: np.array([r[k] for r in rows], dtype=object) for k in rows[0]}
+    out = dataset.Encoder(str(TINY_DIR), "numpy", batch_tokens=10**6)(batch)
+    assert out["error"][0] == "" and out["error"][2] == ""
+    assert out["error"][1].startswith("encode failed: ValueError") and "non-finite" in out["error"][1]
+    expected = single_process(images)
+    for i, name in ((0, "00.png"), (2, "02.png")):
+        got = np.frombuffer(out["embedding"][i], dtype=np.float32).reshape(-1, config.text_hidden_size)
+        np.testing.assert_allclose(got, expected[name], rtol=1e-5, atol=1e-5)
+
+
+def test_decode_row_records_reasons_instead_of_raising(images):
+    base = {"shard": 0, "index": 0, "id": "x", "data": b""}
+    missing = dataset.decode_row({**base, "path": str(images / "missing.png")}, {}, str(TINY_DIR))
+    assert "no such image file" in missing["error"] and missing["pixels"] == b""
+    garbage = dataset.decode_row({**base, "path": "", "data": b"not an image"}, {}, str(TINY_DIR))
+    assert garbage["error"].startswith("UnidentifiedImageError")
+    ok = dataset.decode_row({**base, "path": str(images / RGBA)}, {"in_patch_limit": 16}, str(TINY_DIR))
+    config, _ = load_checkpoint(TINY_DIR)
+    limited = preprocess_images(images / RGBA, config, in_patch_limit=16)
+    assert ok["error"] == "" and [ok["t"], ok["h"], ok["w"]] == limited.grid_thws[0].tolist()
+    assert limited.grid_thws[0].tolist() != preprocess_images(images / RGBA, config).grid_thws[0].tolist()
+    np.testing.assert_array_equal(np.frombuffer(ok["pixels"], dtype=np.float32), limited.pixel_values.reshape(-1))
+
+
+def test_a_shard_made_with_other_settings_is_redone(tmp_path):
+    sources = [dataset.Source(f"img{i}", "") for i in range(3)]
+    (shard,) = dataset.plan_shards(sources, 4, "settings A")
+    (other,) = dataset.plan_shards(sources, 4, "settings B")
+    assert not dataset.shard_is_done(tmp_path, shard)
+    row = {
+        "index": 0,
+        "id": "img0",
+        "path": "",
+        "width": 5,
+        "height": 6,
+        "t": 1,
+        "h": 2,
+        "w": 2,
+        "num_tokens": 1,
+        "dtype": "float32",
+        "embedding": np.arange(40, dtype=np.float32).tobytes(),
+        "error": "",
+    }
+    dataset.write_shard(tmp_path, shard, [row, {**row, "index": 1, "id": "img1", "error": "bad"}], 40)
+    assert dataset.shard_is_done(tmp_path, shard) and not dataset.shard_is_done(tmp_path, other)
+    assert json.loads((tmp_path / "shard-00000.errors.jsonl").read_text())["reason"] == "bad"
+    np.testing.assert_array_equal(dataset.read_embeddings(tmp_path)["img0"], np.arange(40).reshape(1, 40))
+
+
+def test_missing_ray_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ImportError, match=r"needs Ray Data and pyarrow: pip install -e '.\[ray\]'"):
+        dataset.require_ray()
