@@ -225,12 +225,13 @@ extern "C" __global__ void dot_loop(const float* __restrict__ x, float* __restri
   y[threadIdx.x] = s[(threadIdx.x + 1) % 100];
 }
 """
-    cubin, log, _ = nvrtc_check.compile_text(src, "dot_loop.cu", ["dot_loop"], "sm_90")
     from moonvit_kernels.xray.cubin import kernel_resources
 
-    res = kernel_resources(cubin)["dot_loop"]
-    assert res["registers"] == nvrtc_check.parse_ptxas_log(log)["dot_loop"].registers
-    assert res["static_shared"] == 400
+    for target in ("sm_80", "sm_89", "sm_90"):  # the cubin layouts differ (register byte, shared reserve)
+        cubin, log, _ = nvrtc_check.compile_text(src, "dot_loop.cu", ["dot_loop"], target)
+        res = kernel_resources(cubin, target)["dot_loop"]
+        info = nvrtc_check.parse_ptxas_log(log)["dot_loop"]
+        assert (res["registers"], res["static_shared"]) == (info.registers, 400) == (info.registers, info.static_smem)
     (fn,) = sass.disassemble(cubin)
     (loop,) = fn.loops  # the strided for loop: one load, one FFMA, index update, compare, branch
     assert loop.innermost and loop.fmas == 1

@@ -64,6 +64,7 @@ def sources_digest(backend: str, extra: str = "") -> str:
     for path in [*files, Path(__file__)]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
+    h.update((Path(__file__).parent / "cubin.py").read_bytes())
     for dist in ("numba-cuda", "nvidia-nvjitlink", "nvidia-cuda-nvrtc"):
         try:
             from importlib.metadata import version
@@ -80,8 +81,8 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(root)
 
 
-def _resources(cubin: bytes) -> dict[str, int]:
-    res = kernel_resources(cubin)
+def _resources(cubin: bytes, arch: str) -> dict[str, int]:
+    res = kernel_resources(cubin, arch)
     if len(res) != 1:  # one kernel per cubin: both tiers build each instantiation alone
         raise RuntimeError(f"expected one kernel in the cubin, found {sorted(res)}")
     return next(iter(res.values()))
@@ -96,7 +97,7 @@ def _build_numba_into(arch: str, out: Path) -> None:
     for label, cubin, report in compile_check.build_cubins(cc=_ARCH_CC[arch]):
         path = out / f"{label}.{arch}.cubin"
         path.write_bytes(cubin)
-        res = _resources(cubin)
+        res = _resources(cubin, arch)
         index.append(
             asdict(
                 Binary(
@@ -126,7 +127,7 @@ def _build_cuda_into(arch: str, out: Path, head_dims: tuple[int, ...]) -> None:
             continue
         path = out / filename
         path.write_bytes(cubin)
-        res = _resources(cubin)
+        res = _resources(cubin, arch)
         info = report.info
         index.append(
             asdict(
@@ -206,7 +207,7 @@ def _build_selected_into(arch: str, out: Path, request: dict) -> None:
             raise RuntimeError(f"{fn.__name__}: {report.error}")
         path = out / f"{fn.__name__}.{arch}.cubin"
         path.write_bytes(cubin)
-        res = _resources(cubin)
+        res = _resources(cubin, arch)
         index.append(
             asdict(
                 Binary("numba", fn.__name__, arch, str(path), res["registers"], res["static_shared"],

@@ -1,13 +1,14 @@
 """Resources read straight from a cubin (an ELF file): registers, stack frame and static shared memory.
 
-The CUDA ELF layout used here: every kernel `f` has a section `.text.f` (its `sh_info` is the
-index of f's symbol); the `.nv.info` section is a list of attribute records
+The CUDA ELF layout used here: every kernel `f` has a section `.text.f` whose `sh_info` holds the
+index of f's symbol in its low 24 bits (and, in sm_80/sm_89 cubins, the register count in its top
+byte); the `.nv.info` section is a list of attribute records
 `(u8 format, u8 attribute, u16 size, payload)`, among them EIATTR_REGCOUNT (0x2f) and
 EIATTR_FRAME_SIZE (0x11), each with the payload `(u32 symbol index, u32 value)`; static
-`__shared__` arrays of f live in `.nv.shared.f`, whose size is f's static shared memory plus the
-1 KiB per-block system reserve (both NVRTC and nvJitLink cubins include it there; ptxas -v does
-not). Entry functions (kernels) are told from device functions by their parameter bank
-`.nv.constant0.f`.
+`__shared__` arrays of f live in `.nv.shared.f`. In sm_90 cubins (NVRTC and nvJitLink, CUDA 13)
+that section's size also counts the 1 KiB per-block system reserve; in sm_80 / sm_89 cubins it
+does not (ptxas -v never does), so the reserve is taken off for sm_90 and later only. Entry
+functions (kernels) are told from device functions by their parameter bank `.nv.constant0.f`.
 """
 
 from __future__ import annotations
@@ -52,10 +53,12 @@ def _attributes(data: bytes, offset: int, size: int) -> list[tuple[int, bytes]]:
     return out
 
 
-def kernel_resources(cubin: bytes) -> dict[str, dict[str, int]]:
-    """{kernel symbol: {"registers", "stack_bytes", "static_shared"}} for every kernel (entry function).
+def kernel_resources(cubin: bytes, arch: str = "sm_90") -> dict[str, dict[str, int]]:
+    """{kernel symbol: {"registers", "stack_bytes", "static_shared"}} for every kernel (entry function)
+    of a cubin built for `arch`.
 
     `static_shared` is the kernel's own static shared memory, without the reserve."""
+    reserve = SHARED_RESERVE if int(arch.removeprefix("sm_").rstrip("af")) >= 90 else 0
     secs = _sections(cubin)
     by_symbol: dict[int, dict[str, int]] = {}
     for name, _, offset, size in secs:
@@ -71,10 +74,10 @@ def kernel_resources(cubin: bytes) -> dict[str, dict[str, int]]:
     for name, info, _, _ in secs:
         if name.startswith(".text.") and name[len(".text.") :] in entries:
             fn = name[len(".text.") :]
-            found = by_symbol.get(info, {})
+            found = by_symbol.get(info & 0xFFFFFF, {})
             out[fn] = {
-                "registers": found.get("registers", -1),
+                "registers": found.get("registers", info >> 24 or -1),
                 "stack_bytes": found.get("stack_bytes", 0),
-                "static_shared": max(0, shared.get(fn, 0) - SHARED_RESERVE),
+                "static_shared": max(0, shared.get(fn, 0) - reserve) if fn in shared else 0,
             }
     return out

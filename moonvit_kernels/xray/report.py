@@ -169,7 +169,7 @@ def _row(
         dram_bytes=info.dram_bytes,
         request_bytes=info.request_bytes,
         formula=info.formula,
-        problems="; ".join([*b.problems, *occ.problems]),
+        problems="; ".join([*b.problems, *occ.problems, *(["no register count in cubin"] if b.registers < 0 else [])]),
     )
     if nvdisasm:
         try:
