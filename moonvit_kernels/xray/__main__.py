@@ -1,4 +1,6 @@
-"""`python -m moonvit_kernels.xray [KERNEL ...] [--arch sm_80,sm_89,sm_90] [--out DIR]`
+"""Kernel X-ray without a GPU: resources, occupancy, SASS, bank conflicts, coalescing, roofline.
+
+    python -m moonvit_kernels.xray [KERNEL ...] [--arch sm_80,sm_89,sm_90] [--out DIR]
 
 Writes DIR/xray.md (a table per kernel family), DIR/xray.csv (one row per kernel instantiation x
 architecture) and PNGs (a roofline per GPU, hot-loop instructions per FMA), and prints a one-screen
