@@ -220,7 +220,13 @@ def test_wgmma_with_a_in_registers(hop, n):
 
 @pytest.mark.parametrize(
     "flags, message",
-    [(1, "without a wgmma.fence"), (2, "issued different operations"), (4, "overwrites shared memory"), (0, "")],
+    [
+        (1, "without a wgmma.fence"),
+        (2, "issued different operations"),
+        (4, "overwrites shared memory"),
+        (16, "written between its issue and its completion"),
+        (0, ""),
+    ],
 )
 def test_wgmma_misuse_aborts(hop, flags, message):
     img = np.zeros(8192, np.uint8)

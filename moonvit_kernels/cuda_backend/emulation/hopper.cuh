@@ -20,7 +20,8 @@
 //     wgmma.wait_group that retires its group; an operation runs only when all 128 threads of the
 //     warpgroup have issued it (their descriptors must agree), and reads shared memory then;
 //     a wgmma after the thread's last retired group must follow a wgmma.fence; a bulk copy into
-//     shared memory that an issued, incomplete wgmma reads is reported as a race;
+//     shared memory that an issued, incomplete wgmma reads, or any change of the elements it reads
+//     between its issue and its completion (ordinary stores too), is reported as a race;
 //   - setmaxnreg: a no-op with checks (24..256, multiple of 8, the same value across the warpgroup,
 //     .inc never below / .dec never above the current count); an .inc waits until the block's
 //     register pool (registers at entry x threads) has room, so asking for too many deadlocks.
@@ -109,7 +110,8 @@ struct WgOp {  // one wgmma.mma_async of a warpgroup
   std::vector<float*> shadow;  // per thread of the warpgroup: where its accumulators live meanwhile
   uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};  // shared bytes [lo, hi) of A and B it reads
   bool a_in_regs = false;
-  std::vector<unsigned> a_regs;  // A from registers: thread t's 4 registers at [4t, 4t + 4)
+  std::vector<unsigned> a_regs;   // A from registers: thread t's 4 registers at [4t, 4t + 4)
+  std::vector<uint16_t> snap;     // the A (from shared memory) and B elements as they were at the issue
 };
 struct Shadow {  // accumulators of one wgmma chain of one thread while operations are in flight
   float* regs;
@@ -333,11 +335,23 @@ inline void land_copies(uint32_t bar) {
 }
 
 // ============================================================================ wgmma
-inline float bf16_at(uint32_t addr) {
-  unsigned short v;
+inline uint16_t bits_at(uint32_t addr) {
+  uint16_t v;
   std::memcpy(&v, smem_ptr(addr, 2, "wgmma.mma_async"), 2);
-  return __bfloat162float(__nv_bfloat16{v});
+  return v;
 }
+// The shared-memory elements an operation reads, in order: A (64 x 16, unless from registers), then B (n x 16).
+inline std::vector<uint16_t> operand_bits(uint64_t da, uint64_t db, int n, bool a_in_regs) {
+  std::vector<uint16_t> v;
+  const SmemDesc a = decode_desc(da), b = decode_desc(db);
+  if (!a_in_regs)
+    for (int r = 0; r < 64; ++r)
+      for (int k = 0; k < 16; ++k) v.push_back(bits_at(kmajor_addr(a, r, k)));
+  for (int r = 0; r < n; ++r)
+    for (int k = 0; k < 16; ++k) v.push_back(bits_at(kmajor_addr(b, r, k)));
+  return v;
+}
+inline float bf16_of(uint16_t v) { return __bfloat162float(__nv_bfloat16{v}); }
 // Run op `k` of warpgroup `wg` for all its threads: D = A·Bᵀ (+ D), thread t's fragment
 // d[4i + j] = D[16(t/32) + (t%32)/4 + 8(j/2)][8i + 2(t%4) + j%2] (PTX ISA, wgmma .m64nNk16 accumulator D).
 inline void run_op(int wg, int k) {
@@ -348,7 +362,13 @@ inline void run_op(int wg, int k) {
   if (op.done) return;
   const SmemDesc a = decode_desc(op.da), b = decode_desc(op.db);
   if ((!op.a_in_regs && a.base_offset) || b.base_offset) fail("wgmma: matrix base offset != 0 is not modelled");
+  // On the GPU the MMA reads its operands at some time between the issue and the completion: a
+  // change in between is a race whichever value the model picked.
+  const std::vector<uint16_t> now = operand_bits(op.da, op.db, op.n, op.a_in_regs);
+  if (now != op.snap)
+    fail("shared memory that a wgmma in flight reads was written between its issue and its completion");
   std::vector<float> A(64 * 16), B(size_t(op.n) * 16);
+  size_t next = 0;
   if (op.a_in_regs) {  // thread t's a[i/2] half i%2 = A[16w + l/4 + 8((i/2)%2)][2(l%4) + i%2 + 8(i/4)]
     for (int t = 0; t < 128; ++t) {
       const int w = t / 32, l = t % 32;
@@ -359,11 +379,9 @@ inline void run_op(int wg, int k) {
       }
     }
   } else {
-    for (int r = 0; r < 64; ++r)
-      for (int k = 0; k < 16; ++k) A[r * 16 + k] = bf16_at(kmajor_addr(a, r, k));
+    for (int i = 0; i < 64 * 16; ++i) A[i] = bf16_of(now[next++]);
   }
-  for (int r = 0; r < op.n; ++r)
-    for (int k = 0; k < 16; ++k) B[r * 16 + k] = bf16_at(kmajor_addr(b, r, k));
+  for (int i = 0; i < op.n * 16; ++i) B[i] = bf16_of(now[next++]);
   for (int t = 0; t < 128; ++t) {
     float* d = op.shadow[t];
     const int w = t / 32, l = t % 32;
@@ -423,6 +441,7 @@ inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d, 
     footprint(db, n, W.ops[k].lo[1], W.ops[k].hi[1]);
     W.ops[k].a_in_regs = a_regs != nullptr;
     if (a_regs) W.ops[k].a_regs.assign(4 * 128, 0);
+    W.ops[k].snap = operand_bits(da, db, n, a_regs != nullptr);
   } else {
     const WgOp& o = W.ops[k];
     if ((!a_regs && o.da != da) || o.db != db || o.n != n || o.scale_d != scale_d || o.a_in_regs != (a_regs != nullptr))

@@ -180,7 +180,8 @@ void hop_mbar_deadlock() {
 // its registers in out[t][0..n/2) after the wait and in early[t][...] right after the issue.
 // flags: 1 = skip wgmma.fence, 2 = thread 5 gives a different B descriptor, 4 = thread 0 starts a
 // bulk tensor copy into B's bytes (offset b_desc[0], 128-aligned) before waiting for the wgmma.
-// 8 = A from registers: thread t passes a_regs[4t .. 4t + 4) (the m64nNk16 A fragment) instead of a_desc.
+// 8 = A from registers: thread t passes a_regs[4t .. 4t + 4) (the m64nNk16 A fragment) instead of a_desc;
+// 16 = thread 0 stores into B's first element (offset b_desc[0]) before the wait.
 void hop_wgmma_probe(const void* image, int image_bytes, int n, const unsigned* a_desc, const unsigned* b_desc,
                      int scale_d, const float* init, float* out, float* early, int flags, const unsigned* a_regs) {
   alignas(16) static unsigned short g[8 * 64] = {};
@@ -213,6 +214,7 @@ void hop_wgmma_probe(const void* image, int image_bytes, int n, const unsigned* 
       hx::wgmma_issue(acc, n, da, db, scale_d);
     }
     for (int i = 0; i < r; ++i) early[t * r + i] = acc[i];
+    if ((flags & 16) && t == 0) s[b_desc[0]] ^= 0xFF;  // an ordinary store into B's first element
     if ((flags & 4) && t == 0) {
       auto* bar = reinterpret_cast<unsigned long long*>(s + bar_off);
       mbar_init(bar, 1);
