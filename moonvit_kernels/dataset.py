@@ -35,7 +35,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,7 +195,8 @@ def settings_fingerprint(settings: dict[str, Any]) -> str:
 
 
 def weights_identity(weights: str | os.PathLike) -> dict[str, Any]:
-    """The checkpoint's config and its files' names and sizes (cheap; detects a swapped checkpoint)."""
+    """The checkpoint's resolved path and its .safetensors/.json files' names and sizes (cheap; tells a
+    changed checkpoint from the one earlier shards were made with)."""
     path = Path(weights).resolve()
     folder = path if path.is_dir() else path.parent
     files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".json")) if folder.is_dir() else []
@@ -203,12 +204,12 @@ def weights_identity(weights: str | os.PathLike) -> dict[str, Any]:
 
 
 # ============================================================================ decode (CPU tasks)
-def decode_row(row: dict[str, Any], limits: dict[str, Any], weights: str) -> dict[str, Any]:
-    """One source row -> preprocessed patches (float32 bytes) and its grid, or an `error` reason."""
-    from .preprocess import preprocess_images
-    from .weights import load_config
+def decode_row(row: dict[str, Any], settings: Any) -> dict[str, Any]:
+    """One source row -> preprocessed patches (float32 bytes) and its grid, or an `error` reason.
 
-    config = _cached_config(weights, load_config)
+    `settings` is the `preprocess.PreprocessConfig` (patch and merge sizes, limits) made on the driver."""
+    from .preprocess import preprocess_images
+
     out = {k: row[k] for k in ("shard", "index", "id", "path")}
     out.update(width=0, height=0, t=0, h=0, w=0, pixels=b"", error="")
     try:
@@ -223,7 +224,7 @@ def decode_row(row: dict[str, Any], limits: dict[str, Any], weights: str) -> dic
                 image = opened.copy()
         else:
             image = row["path"]
-        item = preprocess_images(image, config, **limits)
+        item = preprocess_images(image, settings)
     except Exception as e:  # noqa: BLE001 — a bad image is recorded, never raised
         out["error"] = f"{type(e).__name__}: {' '.join(str(e).split())}"
         return out
@@ -231,15 +232,6 @@ def decode_row(row: dict[str, Any], limits: dict[str, Any], weights: str) -> dic
     t, h, w = (int(v) for v in item.grid_thws[0])
     out.update(width=plan.width, height=plan.height, t=t, h=h, w=w, pixels=item.pixel_values.tobytes())
     return out
-
-
-_CONFIGS: dict[str, Any] = {}
-
-
-def _cached_config(weights: str, load: Callable[[str], Any]) -> Any:
-    if weights not in _CONFIGS:
-        _CONFIGS[weights] = load(weights)
-    return _CONFIGS[weights]
 
 
 # ============================================================================ encode (actors)
@@ -512,7 +504,10 @@ def _run_pipeline(
     # The memory request (a decoded photograph and its float32 patches) also makes the decode map's
     # resources differ from the encoder's, so Ray Data does not fuse decoding into the encoder actors:
     # it stays in CPU tasks of its own (spread over the nodes, Ray Data's default for tasks).
-    ds = ds.map(decode_row, fn_kwargs={"limits": limits, "weights": weights}, num_cpus=1, memory=DECODE_MEMORY)
+    from .preprocess import resolve_settings
+
+    settings = resolve_settings(config, **limits)
+    ds = ds.map(decode_row, fn_kwargs={"settings": settings}, num_cpus=1, memory=DECODE_MEMORY)
     ds = ds.map_batches(
         Encoder,
         fn_constructor_kwargs={"weights": weights, "backend": backend, "batch_tokens": batch_tokens},

@@ -19,8 +19,8 @@ from PIL import Image
 from moonvit_kernels import dataset
 from moonvit_kernels.bundled import TINY_DIR
 from moonvit_kernels.model import MoonViT
-from moonvit_kernels.preprocess import preprocess_images
-from moonvit_kernels.weights import load_checkpoint
+from moonvit_kernels.preprocess import preprocess_images, resolve_settings
+from moonvit_kernels.weights import load_checkpoint, load_config
 
 ray = pytest.importorskip("ray", reason="Ray is the optional [ray] extra: pip install -e '.[ray]'")
 pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow comes with the [ray] extra")
@@ -29,6 +29,7 @@ N_IMAGES = 30
 ROWS_PER_SHARD = 8  # 4 shards: 8 + 8 + 8 + 6
 CORRUPT = "07_corrupt.png"
 RGBA = "03_rgba.png"
+CONFIG = load_config(TINY_DIR)
 
 
 def make_images(folder):
@@ -217,7 +218,7 @@ def test_encoder_isolates_an_item_that_fails_inside_a_pack(images):
     """A pack whose forward raises is retried item by item: the bad item gets the reason, the others their values."""
     config, _ = load_checkpoint(TINY_DIR)
     rows = [
-        dataset.decode_row({"shard": 0, "index": i, "id": n, "path": str(images / n), "data": b""}, {}, str(TINY_DIR))
+        dataset.decode_row({"shard": 0, "index": i, "id": n, "path": str(images / n), "data": b""}, config)
         for i, n in enumerate(["00.png", "01.jpg", "02.png"])
     ]
     assert not any(r["error"] for r in rows)
@@ -236,15 +237,14 @@ def test_encoder_isolates_an_item_that_fails_inside_a_pack(images):
 
 def test_decode_row_records_reasons_instead_of_raising(images):
     base = {"shard": 0, "index": 0, "id": "x", "data": b""}
-    missing = dataset.decode_row({**base, "path": str(images / "missing.png")}, {}, str(TINY_DIR))
+    missing = dataset.decode_row({**base, "path": str(images / "missing.png")}, CONFIG)
     assert "no such image file" in missing["error"] and missing["pixels"] == b""
-    garbage = dataset.decode_row({**base, "path": "", "data": b"not an image"}, {}, str(TINY_DIR))
+    garbage = dataset.decode_row({**base, "path": "", "data": b"not an image"}, CONFIG)
     assert garbage["error"].startswith("UnidentifiedImageError")
-    ok = dataset.decode_row({**base, "path": str(images / RGBA)}, {"in_patch_limit": 16}, str(TINY_DIR))
-    config, _ = load_checkpoint(TINY_DIR)
-    limited = preprocess_images(images / RGBA, config, in_patch_limit=16)
+    ok = dataset.decode_row({**base, "path": str(images / RGBA)}, resolve_settings(CONFIG, in_patch_limit=16))
+    limited = preprocess_images(images / RGBA, CONFIG, in_patch_limit=16)
     assert ok["error"] == "" and [ok["t"], ok["h"], ok["w"]] == limited.grid_thws[0].tolist()
-    assert limited.grid_thws[0].tolist() != preprocess_images(images / RGBA, config).grid_thws[0].tolist()
+    assert limited.grid_thws[0].tolist() != preprocess_images(images / RGBA, CONFIG).grid_thws[0].tolist()
     np.testing.assert_array_equal(np.frombuffer(ok["pixels"], dtype=np.float32), limited.pixel_values.reshape(-1))
 
 
