@@ -514,7 +514,7 @@ inline void setmaxnreg(int regs, bool inc) {
 }
 
 // ============================================================================ the scheduler
-// Like emu::launch, plus parking: a warp runs until each of its threads waits at __syncthreads,
+// Like emu::launch (denormals flushed as -ftz=true does), plus parking: a warp runs until each of its threads waits at __syncthreads,
 // has exited, or is parked with nothing new to see; warps take turns in alternating order.
 // `regs_at_entry` is the kernel's register count at entry (its __launch_bounds__ cap), the pool
 // setmaxnreg redistributes.
@@ -526,6 +526,7 @@ void launch_async(dim3 grid, dim3 block, size_t smem, int regs_at_entry, F kerne
   if (n % 128) fail("launch_async: the block must be whole warpgroups (a multiple of 128 threads)");
   std::function<void()> k = kernel;
   emu::g_kernel = &k;
+  const emu::FlushDenormals ftz;  // as emu::launch: the kernels are built with -ftz=true
   emu::Block b;
   b.fibers.resize(n);
   b.exchange.assign(n / 32, std::vector<unsigned char>(32 * emu::SLOT_BYTES));
