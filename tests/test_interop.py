@@ -96,6 +96,50 @@ def test_as_torch_without_torch_says_how_to_install(model, pixels, monkeypatch):
         model(pixels, GRID, as_torch=True)
 
 
+class CudaDLPack:
+    """A DLPack producer in CUDA memory (device type 2) without `__cuda_array_interface__`."""
+
+    def __dlpack__(self, **kwargs):
+        raise AssertionError("only the device importer may read it")
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_cuda_inputs_reach_the_device_backends_without_a_host_copy(monkeypatch):
+    """Routing only (no GPU here): CUDA memory goes to CuPy's / numba's importers, never to the host."""
+    import types
+
+    from numba import cuda
+
+    synced = []
+    stream = types.SimpleNamespace(synchronize=lambda: synced.append(1))
+    fake_cupy = types.SimpleNamespace(
+        from_dlpack=lambda x: ("cupy.from_dlpack", x),
+        asarray=lambda x: ("cupy.asarray", x),
+        cuda=types.SimpleNamespace(
+            get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: synced.append(1))
+        ),
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    cai, dl = FakeCudaArray(), CudaDLPack()
+    assert interop.to_backend_pixels(cai, "cupy", host_backend=False) == ("cupy.asarray", cai)
+    assert interop.to_backend_pixels(dl, "cupy", host_backend=False) == ("cupy.from_dlpack", dl)
+    monkeypatch.setattr(cuda, "is_cuda_array", lambda x: hasattr(x, "__cuda_array_interface__"), raising=False)
+    monkeypatch.setattr(cuda, "as_cuda_array", lambda x: ("numba.as_cuda_array", x), raising=False)
+    assert interop.to_backend_pixels(cai, "numba", host_backend=False) == ("numba.as_cuda_array", cai)
+    # DLPack-only CUDA producers reach numba through CuPy.
+    assert interop.to_backend_pixels(dl, "numba", host_backend=False) == (
+        "numba.as_cuda_array",
+        ("cupy.from_dlpack", dl),
+    )
+    host = np.zeros((2, 3), np.float32)
+    assert interop.to_backend_pixels(host, "cupy", host_backend=False) is host  # the backend uploads host arrays
+    interop.synchronize_backend("cupy", host_backend=False)
+    interop.synchronize_backend("numpy", host_backend=True)
+    assert synced == [1]
+
+
 @needs_torch
 def test_torch_cpu_inputs_equal_numpy_inputs(model, pixels):
     expected = model(pixels, GRID)
