@@ -117,9 +117,7 @@ def test_cuda_inputs_reach_the_device_backends_without_a_host_copy(monkeypatch):
     fake_cupy = types.SimpleNamespace(
         from_dlpack=lambda x: ("cupy.from_dlpack", x),
         asarray=lambda x: ("cupy.asarray", x),
-        cuda=types.SimpleNamespace(
-            get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: synced.append(1))
-        ),
+        cuda=types.SimpleNamespace(get_current_stream=lambda: stream),
     )
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     cai, dl = FakeCudaArray(), CudaDLPack()
