@@ -354,7 +354,13 @@ def plots(report: Report, out: Path, archs: Sequence[str], measured: Sequence[di
                 uniq.append(i)
         paths.append(roofline.plot(uniq, gpu, out / f"roofline_{key}.png", measured))
     arch = "sm_90" if "sm_90" in archs else archs[0]
-    rows = [r for r in report.rows if r.arch == arch and r.hot_loop_per_fma is not None and r.k3]
+    rows, seen = [], set()
+    for r in report.rows:  # the compute kernels; specialisations with the same hot loop drawn once
+        key = (r.backend, r.family, r.version, r.hot_loop_per_fma)
+        if r.arch == arch and r.k3 and r.hot_loop_per_fma is not None and r.family in ("gemm", "attention"):
+            if key not in seen:
+                seen.add(key)
+                rows.append(r)
     if rows:
         fig = Figure(figsize=(9, max(3, 0.28 * len(rows))))
         ax = fig.subplots()
@@ -364,7 +370,7 @@ def plots(report: Report, out: Path, archs: Sequence[str], measured: Sequence[di
         )
         ax.axvline(4, color="k", ls="--", lw=1, label="target <= 4 per FFMA (numba GEMM v3, attention v2)")
         ax.set_xlabel("SASS instructions per FMA (per HMMA for tensor-core kernels) in the hot loop")
-        ax.set_title(f"Hot-loop cost, {arch} SASS (model, no GPU)")
+        ax.set_title(f"Hot-loop cost of the GEMM and attention kernels, {arch} SASS (model, no GPU)")
         ax.invert_yaxis()
         ax.legend(fontsize=7)
         fig.tight_layout()
