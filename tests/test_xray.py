@@ -384,6 +384,12 @@ def test_report_covers_every_kernel_of_both_backends(tmp_path):
     assert (tmp_path / "xray.md").read_text().count("## ") >= 10
     assert (tmp_path / "roofline_H200.png").exists() and (tmp_path / "hot_loop_instr_per_fma.png").exists()
     assert "model, no GPU" in r.stdout
+    # the KERNEL filter (cubins now cached): one family, and a name that matches nothing
+    r = _run_cli(["gemm_v3", "--arch", "sm_90", "--no-trace", "--out", str(tmp_path / "v3")])
+    with open(tmp_path / "v3" / "xray.csv", newline="") as f:
+        assert {row["kernel"] for row in csv.DictReader(f)} == {f"gemm_v3_{e}" for e in catalogue.GEMM_SHAPES}
+    r = _run_cli(["no_such_kernel", "--arch", "sm_90", "--no-trace", "--out", str(tmp_path / "none")])
+    assert r.returncode == 1 and "no kernel matched no_such_kernel" in r.stderr
 
 
 # ============================================================================ issue 9 targets (compile tier)
