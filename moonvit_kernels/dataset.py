@@ -263,6 +263,13 @@ class Encoder:
         self.model = MoonViT(config, w, backend=backend)
         self.config = config
         self.batch_tokens = batch_tokens
+        self._blas = None
+        if self.model.computes_on_host:
+            # Ray starts actors with OMP_NUM_THREADS = their CPU share (1 here); the CPU encoder is the
+            # pipeline's bottleneck and decoding is light, so let BLAS use the node's cores.
+            from threadpoolctl import threadpool_limits
+
+            self._blas = threadpool_limits(limits=os.cpu_count() or 1, user_api="blas")
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Rows in, the same rows out with `embedding` (bytes), `dtype`, `num_tokens` added."""
