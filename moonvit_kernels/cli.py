@@ -213,7 +213,7 @@ def cmd_encode_dataset(args: argparse.Namespace) -> int:
     """Encode a corpus on Ray Data (`moonvit_kernels.dataset`): Parquet shards, errors file, manifest."""
     from .dataset import encode_dataset
 
-    if not Path(args.weights).exists():
+    if "://" not in args.weights and not Path(args.weights).exists():
         raise CLIError(f"{args.weights}: no such checkpoint (expected a directory with config.json and safetensors)")
     try:
         summary = encode_dataset(
@@ -612,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ds = sub.add_parser("encode-dataset", help="a folder / glob / Parquet list of images -> Parquet shards (Ray)")
     ds.add_argument("src", metavar="SRC", help="a folder of images, a glob pattern, or a .parquet of path/bytes")
-    ds.add_argument("--weights", default=str(TINY_DIR), help="checkpoint directory readable by every Ray node")
+    ds.add_argument("--weights", default=str(TINY_DIR), help="checkpoint folder every Ray node can read, or hf://")
     ds.add_argument("--out", required=True, help="output folder of Parquet shards (DST); rerun to resume")
     ds.add_argument("--backend", default="auto", help="auto (cupy on GPU actors, else numpy), numpy, numba, cupy")
     ds.add_argument("--batch-tokens", type=int, default=16384, help="most patches packed into one forward")

@@ -19,7 +19,8 @@ Pipeline (Ray Data, streamed):
 At the end `errors.jsonl` (every bad image with the reason) and `manifest.json` (settings, shards,
 counts, throughput) are written. Ray runs locally by default (`ray.init`), or joins the cluster named
 by `RAY_ADDRESS`; on a cluster `moonvit_kernels` must be installed on every node and the weights
-path readable from every node (shared storage); DST is written by the driver.
+readable from every node (shared storage, or `hf://ORG/REPO`: each node then fetches the vision
+tensors once into its cache); DST is written by the driver.
 
 Shard schema (one row per good image): `id` string, `path` string, `width`/`height` int32 (original
 size), `grid_thws` fixed_size_list<int64, 3>, `num_tokens` int32, `embedding`
@@ -194,9 +195,16 @@ def settings_fingerprint(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
+def is_remote(weights: str | os.PathLike) -> bool:
+    """True for checkpoints `weights.load_checkpoint` fetches: hf://ORG/REPO[@REV], http(s)://."""
+    return str(weights).startswith(("hf://", "http://", "https://"))
+
+
 def weights_identity(weights: str | os.PathLike) -> dict[str, Any]:
     """The checkpoint's resolved path and its .safetensors/.json files' names and sizes (cheap; tells a
     changed checkpoint from the one earlier shards were made with)."""
+    if is_remote(weights):
+        return {"path": str(weights)}
     path = Path(weights).resolve()
     folder = path if path.is_dir() else path.parent
     files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".json")) if folder.is_dir() else []
@@ -440,7 +448,12 @@ def encode_dataset(
     if actors is not None and actors < 1:
         raise ValueError(f"actors must be >= 1, got {actors}")
     weights = str(weights)
-    config = load_config(weights)
+    if is_remote(weights):  # hf:// or http(s)://: the vision tensors are fetched once into this node's cache
+        from .weights import load_checkpoint
+
+        config, _ = load_checkpoint(weights)
+    else:
+        config = load_config(weights)
     limits = {"in_patch_limit": in_patch_limit, "patch_limit_on_one_side": patch_limit_on_one_side}
     limits = {k: v for k, v in limits.items() if v is not None}
     sources = list_sources(src)

@@ -277,3 +277,11 @@ def test_missing_ray_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ImportError, match=r"needs Ray Data and pyarrow: pip install -e '.\[ray\]'"):
         dataset.require_ray()
+
+
+def test_remote_weights_are_named_not_resolved():
+    assert dataset.is_remote("hf://org/repo@main") and dataset.is_remote("https://host/ckpt/")
+    assert not dataset.is_remote(TINY_DIR) and not dataset.is_remote("ckpt/hf")
+    assert dataset.weights_identity("hf://org/repo") == {"path": "hf://org/repo"}
+    local = dataset.weights_identity(TINY_DIR)
+    assert local["files"]["config.json"] > 0 and local["files"]["model.safetensors"] > 0
