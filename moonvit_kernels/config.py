@@ -196,7 +196,7 @@ class VisionConfig:
 
     @classmethod
     def k3(cls) -> VisionConfig:
-        """The real Kimi K3 vision_config (SPEC.md)."""
+        """The real Kimi K3 vision_config (docs/model.md)."""
         return cls()
 
     @classmethod

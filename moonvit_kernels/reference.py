@@ -1,6 +1,6 @@
 """The NumPy oracle of the Kimi K3 vision tower (MoonViT-V2): every stage, readable as a spec.
 
-Each function is one stage of SPEC.md, in the same order:
+Each function is one stage of docs/model.md, in the same order:
 
 1. `patch_embed`            pixel patches [L, 3, p, p] -> tokens [L, D]          (one GEMM)
 2. `add_position_embedding` + interpolated 2D grid (+ sin/cos time term for videos)

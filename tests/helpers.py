@@ -1,4 +1,4 @@
-"""Assertions shared by the tests: closeness with NaN/Inf failing, tolerances from GUIDE.md."""
+"""Assertions shared by the tests: closeness with NaN/Inf failing, tolerances from CONTRIBUTING.md."""
 
 from __future__ import annotations
 

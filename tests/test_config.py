@@ -1,4 +1,4 @@
-"""`VisionConfig`: loading HF configs, the real K3 values of SPEC.md, and every rejection."""
+"""`VisionConfig`: loading HF configs, the real K3 values of docs/model.md, and every rejection."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.weights import parameter_count
 
-# SPEC.md, "Real configuration (HF config.json -> vision_config)", copied as written there.
+# docs/model.md, "Configuration", copied as written there.
 SPEC_VISION_CONFIG = {
     "patch_size": 14,
     "init_pos_emb_height": 64,

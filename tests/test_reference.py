@@ -2,7 +2,7 @@
 
 Every stage is compared with a second formulation written here independently (literal loops,
 scalar code, complex numbers, explicit softmax) in float64, and with facts worked out by hand
-from SPEC.md. The whole tower is then checked end to end against a forward pass assembled only
+from docs/model.md. The whole tower is then checked end to end against a forward pass assembled only
 from this file's own formulations. Sizes are tiny and awkward (odd, non-square, not powers of 2).
 """
 

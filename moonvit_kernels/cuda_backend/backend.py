@@ -14,7 +14,7 @@ what a bf16 model reads when it upcasts them). Activations stay on the device:
 
 so the bf16 backend rounds only GEMM/attention operands, never the residual stream.
 
-Stages (SPEC.md): patch GEMM -> + position grid -> N x [rmsnorm -> qkv GEMM -> RoPE -> attention ->
+Stages (docs/model.md): patch GEMM -> + position grid -> N x [rmsnorm -> qkv GEMM -> RoPE -> attention ->
 wo GEMM + residual -> rmsnorm -> fc0 GEMM + GELU(tanh) -> fc1 GEMM + residual] -> final rmsnorm ->
 temporal mean + kh x kw merge -> proj.0 GEMM + GELU(erf) -> proj.2 GEMM -> rmsnorm.
 """
