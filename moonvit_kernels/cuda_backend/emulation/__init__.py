@@ -44,12 +44,21 @@ def compiler() -> str | None:
     return shutil.which(cxx)
 
 
+# Function-local statics of inline functions and templates (a kernel's static __shared__ arrays,
+# emu:: thread state) are STB_GNU_UNIQUE symbols by default, which the dynamic linker makes one
+# instance per process even across libraries loaded RTLD_LOCAL: with two emulator builds loaded
+# (plain and traced), the second would silently use the first one's shared memory. Every
+# emulator build passes -fno-gnu-unique so that each library keeps its own.
+GNU_UNIQUE_NOTE = "-fno-gnu-unique: each emulator library keeps its own function-local statics"
+
+
 def _sources_digest() -> str:
     h = hashlib.sha256()
     for name in (*kcuda.SOURCES, "common.cuh"):
         h.update((kcuda.KERNEL_DIR / name).read_bytes())
     for name in _STANDINS:
         h.update((HERE / name).read_bytes())
+    h.update(Path(__file__).read_bytes())  # the build recipe below
     return h.hexdigest()[:16]
 
 
@@ -79,6 +88,7 @@ def library() -> ctypes.CDLL:
             "-std=c++20",
             "-O1",
             "-fPIC",
+            "-fno-gnu-unique",  # see GNU_UNIQUE_NOTE
             "-shared",
             "-pthread",
             "-Wall",

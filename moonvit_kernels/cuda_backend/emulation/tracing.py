@@ -89,7 +89,7 @@ def traced_library() -> tuple[ctypes.CDLL, Path]:
             shutil.copy(HERE / name, inc / name)
         (inc / "ptx.cuh").write_text(patch_ptx((HERE / "ptx.cuh").read_text(encoding="utf-8")), encoding="utf-8")
         shutil.copy(HERE / "trace_hooks.cpp", inc / "trace_hooks.cpp")
-        common = [cxx, "-std=c++20", "-O1", "-g", "-fPIC", "-pthread", "-w", f"-I{inc}", f"-I{src}", "-include"]
+        common = [cxx, "-std=c++20", "-O1", "-g", "-fPIC", "-fno-gnu-unique", "-pthread", "-w", f"-I{inc}", f"-I{src}", "-include"]
         steps = [
             [
                 *common,
