@@ -50,33 +50,41 @@ def validate_inputs(
     `(pixel_values, grid_thws as int64)`. Raises ValueError naming the problem.
     """
     grid = validate_grid_thws(grid_thws, config)
-    pv = _as_array("pixel_values", pixel_values)
+    return check_pixels(_as_array("pixel_values", pixel_values), grid, config, np, dtype), grid
+
+
+def check_pixels(pv: Any, grid: np.ndarray, config: VisionConfig, xp: Any = np, dtype: Any = np.float32) -> Any:
+    """`pixel_values [L, 3, p, p]` checked against a validated `grid` and converted to `dtype`, in the
+    array module `xp` (NumPy, or CuPy for device arrays: the checks then run on the device and only
+    one flag comes back to the host). ValueError naming the problem: dtype, shape, patch count,
+    NaN/Inf (with the first bad patch), values that overflow `dtype`."""
     p = config.patch_size
-    if not (np.issubdtype(pv.dtype, np.floating)):
+    if not np.issubdtype(np.dtype(pv.dtype), np.floating):
         raise ValueError(
-            f"pixel_values dtype {pv.dtype} is not floating point; expected normalised float "
+            f"pixel_values dtype {np.dtype(pv.dtype)} is not floating point; expected normalised float "
             "patches (float16/float32/float64). Integer images go through moonvit_kernels.preprocess."
         )
-    if pv.ndim != 4 or pv.shape[1:] != (3, p, p):
-        raise ValueError(f"pixel_values shape {pv.shape} is not [L, 3, {p}, {p}] (patch_size={p})")
+    shape = tuple(int(s) for s in pv.shape)
+    if len(shape) != 4 or shape[1:] != (3, p, p):
+        raise ValueError(f"pixel_values shape {shape} is not [L, 3, {p}, {p}] (patch_size={p})")
     expected = int(np.sum(np.prod(grid, axis=1)))
-    if pv.shape[0] != expected:
+    if shape[0] != expected:
         raise ValueError(
-            f"pixel_values holds {pv.shape[0]} patches but grid_thws {grid.tolist()} needs sum(t*h*w) = {expected}"
+            f"pixel_values holds {shape[0]} patches but grid_thws {grid.tolist()} needs sum(t*h*w) = {expected}"
         )
-    if not np.all(np.isfinite(pv)):
-        raise ValueError(f"pixel_values holds non-finite values (NaN/Inf; first in patch {_first_bad_patch(pv)})")
     with np.errstate(over="ignore"):
         converted = pv.astype(dtype, copy=False)
-    if not np.all(np.isfinite(converted)):
+    bad = ~xp.isfinite(converted).reshape(shape[0], -1).all(axis=1)
+    if bool(bad.any()):  # the one device-to-host transfer on the device path (NaN/Inf stay so when converted)
+        src_bad = ~xp.isfinite(pv).reshape(shape[0], -1).all(axis=1)
+        if bool(src_bad.any()):
+            raise ValueError(
+                f"pixel_values holds non-finite values (NaN/Inf; first in patch {int(xp.argmax(src_bad))})"
+            )
         raise ValueError(
-            f"pixel_values holds values too large for {np.dtype(dtype)} (first in patch {_first_bad_patch(converted)})"
+            f"pixel_values holds values too large for {np.dtype(dtype)} (first in patch {int(xp.argmax(bad))})"
         )
-    return converted, grid
-
-
-def _first_bad_patch(pv: np.ndarray) -> int:
-    return int(np.argmax(~np.isfinite(pv).reshape(pv.shape[0], -1).all(axis=1)))
+    return converted
 
 
 def _as_array(name: str, value: Any) -> np.ndarray:

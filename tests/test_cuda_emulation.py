@@ -117,3 +117,66 @@ def test_backend_forward_tiny(k, dtype, tol):
     an interpolated image, a video, and an image at the grid's own size, packed together."""
     grid = np.array([[1, 4, 6], [2, 2, 4], [1, 6, 6]])
     check_backend_forward(k, VisionConfig.tiny(), grid, dtype, tol)
+
+
+class _DeviceModule:
+    """An array module standing in for CuPy: NumPy underneath, but not `numpy` itself, so the backend
+    treats its arrays as device arrays (validated and converted in place, never sent to the host path).
+    Counts the device-side finiteness checks."""
+
+    def __init__(self):
+        self.isfinite_calls = 0
+
+    def isfinite(self, a):
+        self.isfinite_calls += 1
+        return np.isfinite(a)
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+def test_backend_validates_device_pixels_on_the_device(k, monkeypatch):
+    """Device pixel_values are checked on the device (shape, dtype, NaN with its patch, fp32 overflow),
+    never through the host-side `reference.validate_inputs`, and give the host path's result bit for bit."""
+    import types
+
+    from cuda_kernel_checks import random_pixels, random_weights
+
+    from moonvit_kernels import reference
+    from moonvit_kernels.cuda_backend.backend import CupyBackend
+
+    config = VisionConfig.tiny()
+    grid = np.array([[1, 2, 6], [1, 4, 2]])
+    weights = random_weights(config, 3)
+    pixels = random_pixels(grid, config.patch_size, seed=4)
+    want = CupyBackend(config, weights, dtype="bfloat16", kernels=k).forward(pixels, grid, as_numpy=True)
+
+    device = _DeviceModule()
+    kernels = types.SimpleNamespace(**{n: getattr(k, n) for n in dir(k) if not n.startswith("__")})
+    kernels.array_module = lambda: device
+    backend = CupyBackend(config, weights, dtype="bfloat16", kernels=kernels)
+
+    def host_validation(*args, **kwargs):
+        raise AssertionError("device pixel_values went through the host-side validate_inputs")
+
+    monkeypatch.setattr(reference, "validate_inputs", host_validation)
+    got = backend.forward(pixels.astype(np.float64), grid, as_numpy=True)
+    assert device.isfinite_calls == 1
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+    bad = pixels.copy()
+    bad[13, 1, 2, 3] = np.nan
+    with pytest.raises(ValueError, match=r"non-finite values .*first in patch 13"):
+        backend.forward(bad, grid)
+    huge = pixels.astype(np.float64)
+    huge[7, 0, 0, 0] = 1e300
+    with pytest.raises(ValueError, match=r"too large for float32 \(first in patch 7\)"):
+        backend.forward(huge, grid)
+    with pytest.raises(ValueError, match=r"holds 19 patches but grid_thws .* needs sum\(t\*h\*w\) = 20"):
+        backend.forward(pixels[:19], grid)
+    with pytest.raises(ValueError, match=r"not floating point"):
+        backend.forward(pixels.astype(np.int32), grid)
+    p = config.patch_size
+    with pytest.raises(ValueError, match=rf"shape \(20, 3, {p}\) is not \[L, 3, {p}, {p}\]"):
+        backend.forward(pixels[..., 0], grid)

@@ -97,10 +97,13 @@ class CupyBackend:
         self.post_norm = fp32_weight("mm_projector.post_norm.weight")
 
     # ------------------------------------------------------------------ helpers
-    def _upload_operand(self, a: np.ndarray) -> Any:
-        """A host float32 array as a GEMM operand in the backend dtype."""
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        return self.xp.asarray(float32_to_bf16_bits(a) if self.dtype == "bfloat16" else a)
+    def _upload_operand(self, a: Any) -> Any:
+        """A float32 array (host, or already on the device) as a contiguous GEMM operand in the backend dtype."""
+        if isinstance(a, np.ndarray):
+            a = np.ascontiguousarray(a, dtype=np.float32)
+            return self.xp.asarray(float32_to_bf16_bits(a) if self.dtype == "bfloat16" else a)
+        a = self.xp.ascontiguousarray(a, dtype=np.float32)
+        return self.k.to_bf16(a) if self.dtype == "bfloat16" else a
 
     def _as_float32(self, a: Any) -> Any:
         """A fresh float32 copy of a device array (bf16 bits converted)."""
@@ -120,14 +123,17 @@ class CupyBackend:
         Returns one `[n_merged_i, text_hidden]` float32 array per item (CuPy, or NumPy with
         `as_numpy`); with `return_intermediates`, `(outputs, stages)` where `stages` holds float32
         copies under reference.vision_forward's names: patch_embed, pos_emb, layer_{i},
-        final_norm, merged, projected. Inputs are validated like the reference's (CuPy inputs are
-        copied to the host for that)."""
+        final_norm, merged, projected. Inputs are validated like the reference's; device
+        `pixel_values` (CuPy) are checked and converted on the device (one flag read back), and only
+        the small `grid_thws` is copied to the host."""
         cfg, k, xp = self.config, self.k, self.xp
-        if hasattr(pixel_values, "get") and not isinstance(pixel_values, np.ndarray):
-            pixel_values = pixel_values.get()
         if hasattr(grid_thws, "get") and not isinstance(grid_thws, np.ndarray):
             grid_thws = grid_thws.get()
-        pv, grid = reference.validate_inputs(pixel_values, grid_thws, cfg)
+        if xp is not np and isinstance(pixel_values, xp.ndarray):  # already on the device
+            grid = reference.validate_grid_thws(grid_thws, cfg)
+            pv = reference.check_pixels(pixel_values, grid, cfg, xp)
+        else:
+            pv, grid = reference.validate_inputs(pixel_values, grid_thws, cfg)
         act = self.dtype  # dtype of GEMM operands, qkv and attention output
         H, hd, eps = cfg.vt_num_attention_heads, cfg.head_dim, cfg.vit_norm_eps
         L = pv.shape[0]
