@@ -339,6 +339,56 @@ def _gelu_epilogue_case(rng: np.random.Generator) -> Case:
     )
 
 
+# ============================================================================ 08 Hopper
+SWIZZLE_ROWS, SWIZZLE_BASE = 21, 0x800  # a tile of 21 rows x 64 bf16 (128-byte rows) at a 1024-aligned address
+
+
+def _swizzle_case(rng: np.random.Generator) -> Case:
+    """Byte address of element (r, k) of a K-major bf16 tile under the 128-byte swizzle (PTX ISA figure):
+    16-byte chunk j of row r is stored at chunk position j XOR (r mod 8)."""
+    r = np.arange(SWIZZLE_ROWS)[:, None]
+    byte = 2 * np.arange(64)[None, :]
+    want = SWIZZLE_BASE + 128 * r + 16 * ((byte // 16) ^ (r % 8)) + byte % 16
+    return Case(
+        args=[np.int32(SWIZZLE_BASE), OUT],
+        out_shape=(SWIZZLE_ROWS, 64),
+        grid=1,
+        block=32,
+        expected=want,
+        bound=0.0,
+        arg_names="base, out",
+        axes=("tile rows r", "columns k"),
+        out_dtype=np.int32,
+    )
+
+
+def _descriptor_params() -> np.ndarray:
+    """(shared address, LBO bytes, SBO bytes, swizzle code) of descriptors the sm90 kernels build, and a few more."""
+    base = 0x800  # the 1024-aligned start of the GEMM's ring in the emulator's shared memory
+    rows = [(base + s * 16384 + m * 128 + kk * 32, 16, 1024, 1) for s in (0, 3) for m in (0, 64) for kk in range(4)]
+    rows += [(base + 65536 + s * 16384 + kk * 32, 16, 1024, 1) for s in (0, 3) for kk in range(4)]  # B
+    rows += [(base + 8192 + kk * 32, 16, 1024, 1) for kk in range(4)]  # attention's 2nd 64-dim block of Q
+    rows += [(0x1230, 128, 256, 0), (0x2040, 16, 512, 2), (0x3020, 16, 256, 3)]  # no swizzle, 64B, 32B
+    return np.array(rows, dtype=np.int32)
+
+
+def _descriptor_case(rng: np.random.Generator) -> Case:
+    """wgmma's 64-bit matrix descriptor as four 16-bit words (PTX ISA, "Matrix Descriptor Format")."""
+    p = _descriptor_params().astype(np.int64)
+    want = np.stack([(p[:, 0] & 0x3FFFF) >> 4, (p[:, 1] >> 4) & 0x3FFF, (p[:, 2] >> 4) & 0x3FFF, p[:, 3] << 14], 1)
+    return Case(
+        args=[_descriptor_params(), OUT],
+        out_shape=want.shape,
+        grid=1,
+        block=32,
+        expected=want,
+        bound=0.0,
+        arg_names="params, out",
+        axes=("descriptors", "16-bit words (0 start, 1 LBO, 2 SBO, 3 mode)"),
+        out_dtype=np.int32,
+    )
+
+
 # ============================================================================ the catalogue
 EXERCISES: dict[str, Exercise] = {
     e.name: e
@@ -460,6 +510,24 @@ EXERCISES: dict[str, Exercise] = {
             _gelu_epilogue_case,
             "gelu_tanh(v) = 0.5·v·(1 + tanh(√(2/π)·(v + 0.044715·v³))), applied to the float32 sum just before "
             "C[m, n] is written (not the erf form: that one is the projector's).",
+        ),
+        Exercise(
+            "swizzle_128b",
+            "08_hopper",
+            "the shared-memory address of element (r, k) of a tile stored with the 128-byte swizzle",
+            _swizzle_case,
+            "Row r is 128 bytes: base + 128·r. Byte b = 2·k of the row lies in 16-byte chunk j = b // 16 at "
+            "offset b mod 16; the swizzle stores chunk j at chunk position j XOR (r mod 8). Rows 0, 8, 16 are "
+            "not permuted, which is why only they are right without the XOR.",
+        ),
+        Exercise(
+            "wgmma_desc",
+            "08_hopper",
+            "wgmma's shared-memory matrix descriptor, field by field",
+            _descriptor_case,
+            "Addresses and offsets are stored in 16-byte units: word 0 = (address & 0x3FFFF) >> 4 (bits 0–13), "
+            "word 1 = LBO >> 4 (bits 16–29), word 2 = SBO >> 4 (bits 32–45), word 3 = swizzle code << 14 "
+            "(bits 62–63 of the descriptor are bits 14–15 of its last 16-bit word).",
         ),
     )
 }

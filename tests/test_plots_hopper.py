@@ -1,0 +1,59 @@
+"""plots.hopper: the swizzle tables read off an address function, the figure, source excerpts by marker."""
+
+import numpy as np
+import pytest
+
+from moonvit_kernels.cuda_backend.emulation import compiler
+from moonvit_kernels.plots.hopper import excerpt, plot_swizzle, swizzle_layout
+
+
+def doc_swizzle(addr: int, span: int) -> int:
+    """The documented atoms as address arithmetic: chunk bits [4, 4 + log2(span/16)) XOR row bits (PTX ISA)."""
+    mask = {128: 7, 64: 3, 32: 1}[span]
+    return addr ^ (((addr >> 7) & mask) << 4)
+
+
+def test_swizzle_layout_reads_the_documented_atoms():
+    sw128 = swizzle_layout(doc_swizzle, 128)
+    assert sw128.shape == (8, 8)
+    np.testing.assert_array_equal(sw128, np.arange(8)[:, None] ^ np.arange(8)[None, :])  # row 3: 3 2 1 0 7 6 5 4
+    assert swizzle_layout(doc_swizzle, 64)[:, 0].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]  # two 64-byte rows per 128
+    np.testing.assert_array_equal(swizzle_layout(lambda a, s: a, 32), np.tile([0, 1], (8, 1)))
+    for span in (32, 64, 128):  # every row a permutation of its chunks
+        assert all(sorted(row) == list(range(span // 16)) for row in swizzle_layout(doc_swizzle, span))
+
+
+def test_swizzle_layout_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="32, 64 or 128"):
+        swizzle_layout(doc_swizzle, 256)
+    with pytest.raises(ValueError, match="multiple of 1024"):
+        swizzle_layout(doc_swizzle, 128, base=4096 + 128)
+    with pytest.raises(ValueError, match="outside its 128-byte row"):
+        swizzle_layout(lambda a, s: a + 128, 128)
+
+
+@pytest.mark.skipif(compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation")
+def test_the_emulator_model_matches_the_documented_atoms():
+    from moonvit_kernels.cuda_backend.emulation import hopper
+
+    for span in (32, 64, 128):
+        np.testing.assert_array_equal(swizzle_layout(hopper.swizzle, span), swizzle_layout(doc_swizzle, span))
+
+
+def test_plot_swizzle_draws_one_panel_per_layout():
+    fig = plot_swizzle({"none": swizzle_layout(lambda a, s: a), "128B": swizzle_layout(doc_swizzle)})
+    assert [ax.get_title() for ax in fig.axes] == ["none", "128B"]
+    texts = [t.get_text() for t in fig.axes[1].texts]
+    assert texts[8 + 0] == "1\nk8–15"  # row 1, slot 0 holds chunk 1 (elements k 8..15)
+    with pytest.raises(ValueError, match="no layout"):
+        plot_swizzle({})
+
+
+def test_excerpt_finds_lines_by_marker():
+    text = "a\n// start here\nb\nc // end\nd\n"
+    assert excerpt(text, "start here", "// end") == "// start here\nb\nc // end"
+    assert excerpt(text, "c //") == "c // end\nd"
+    with pytest.raises(ValueError, match="marker 'zzz' not found"):
+        excerpt(text, "zzz")
+    with pytest.raises(ValueError, match="end marker 'a' not found after 'start here'"):
+        excerpt(text, "start here", "a")  # only line 0 holds an "a": before the start
