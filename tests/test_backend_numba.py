@@ -101,3 +101,33 @@ def test_device_allocations_and_uploads_do_not_grow_with_layers(monkeypatch):
     print(f"\ndevice traffic per forward (1 layer): {one}")
     assert two == one, f"1 layer: {one}, 2 layers: {two}"
     assert one["to_device"] >= 1 and one["device_array"] >= 6, one  # the spy sees the traffic
+
+
+def test_device_pixels_with_nan_are_rejected_on_the_device(run):
+    """Device pixel_values are checked where they are: a NaN names its patch, before any kernel runs."""
+    from numba import cuda
+
+    model, pv, *_ = run
+    bad = pv.copy()
+    bad[23, 2, 1, 0] = np.nan
+    bad[30, 0, 0, 3] = np.inf
+    with pytest.raises(ValueError, match=r"non-finite values \(NaN/Inf; first in patch 23\)"):
+        model.backend.forward(cuda.to_device(bad), GRID)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 37)])
+def test_first_nonfinite_row_kernel(shape):
+    """The device check finds the first bad row (NaN, +Inf or -Inf) at sizes that are not block multiples."""
+    from numba import cuda
+
+    from moonvit_kernels.numba_backend.input_check import first_nonfinite_row
+
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    assert first_nonfinite_row(cuda.to_device(x)) == -1
+    for value in (np.nan, np.inf, -np.inf):
+        y = x.copy()
+        rows = sorted(set(rng.integers(0, shape[0], 2).tolist()))
+        for r in rows:
+            y[r, rng.integers(0, shape[1])] = value
+        assert first_nonfinite_row(cuda.to_device(y)) == rows[0]

@@ -37,6 +37,7 @@ from . import merge as merge_k
 from . import pos_emb as pos_emb_k
 from . import rmsnorm as rmsnorm_k
 from . import rope as rope_k
+from .input_check import first_nonfinite_row
 from .launch import cu_seqlens_table, device_array, grid_table, is_device_array, item_table
 
 
@@ -110,7 +111,7 @@ class NumbaBackend:
         return gemm_k.gemm(a, b, epilogue=epilogue, residual=residual, out=out, version=self.gemm_version)
 
     def _pixels_on_device(self, pixel_values: Any, grid: np.ndarray) -> Any:
-        """`[L, 3·p·p]` float32 on the device; host arrays are validated (shape, dtype, finite)."""
+        """`[L, 3·p·p]` float32 on the device, validated (shape, dtype, finite); device arrays stay there."""
         p = self.config.patch_size
         L = int(np.sum(np.prod(grid, axis=1)))
         if is_device_array(pixel_values) or hasattr(pixel_values, "__cuda_array_interface__"):
@@ -121,7 +122,11 @@ class NumbaBackend:
                 raise ValueError(f"pixel_values shape {tuple(pv.shape)} is not [L={L}, 3, {p}, {p}] for grid_thws")
             if not pv.is_c_contiguous():
                 raise ValueError("device pixel_values must be C-contiguous")
-            return pv.reshape(L, 3 * p * p)
+            pv = pv.reshape(L, 3 * p * p)
+            bad = first_nonfinite_row(pv)  # checked on the device: one int comes back
+            if bad >= 0:
+                raise ValueError(f"pixel_values holds non-finite values (NaN/Inf; first in patch {bad})")
+            return pv
         pv, _ = validate_inputs(pixel_values, grid, self.config)
         return cuda.to_device(np.ascontiguousarray(pv.reshape(L, 3 * p * p)))
 

@@ -25,6 +25,7 @@ KERNEL_REGISTERS = {
     **{f"gemm_v2_{ep}": 40 for ep in ("none", "gelu_tanh", "gelu_erf", "residual")},
     **{f"gemm_v3_{ep}": 96 for ep in ("none", "gelu_tanh", "gelu_erf", "residual")},
     "merge_gather_kernel": 60,
+    "first_nonfinite_row_kernel": 30,
     "add_pos_emb_bilinear": 48,
     "add_pos_emb_bicubic": 80,
     **{f"rmsnorm_kernel_t{t}": 40 for t in (32, 64, 128, 256)},
