@@ -37,25 +37,21 @@ def array_module() -> Any:
 
 
 def gemm_smem_bytes(block_n: int) -> int:
-    """GemmSm90Cfg<BN>::SMEM_BYTES: 4 stages of A (128 x 64) and B (BN x 64) bf16, 8 barriers, 1 KB alignment."""
-    return 4 * (128 * 64 * 2 + block_n * 64 * 2) + 2 * 4 * 8 + 1024
+    """GemmSm90Cfg<BN>::SMEM_BYTES (`sources.gemm_sm90_smem_bytes`)."""
+    return kcuda.gemm_sm90_smem_bytes(block_n)
 
 
 def attention_smem_bytes(head_dim: int) -> int:
-    """AttnSm90Cfg<HD>::SMEM_BYTES: Q, 2 stages of K, raw V and transposed V, 9 barriers, 1 KB alignment."""
-    db = (head_dim + 63) // 64
-    q = k = vraw = db * 64 * 128
-    vt = 64 * db * 64 * 2
-    return q + 2 * (k + vraw + vt) + 8 * (1 + 4 * 2) + 1024
+    """AttnSm90Cfg<HD>::SMEM_BYTES (`sources.attention_sm90_smem_bytes`)."""
+    return kcuda.attention_sm90_smem_bytes(head_dim)
 
 
 def gemm_name(out_dtype: str, epilogue: str, block_n: int = 128) -> str:
-    out = "float" if out_dtype == "float32" else kcuda.BF16
-    return f"gemm_bf16_sm90<{out}, {kcuda.EPILOGUES[epilogue]}, {block_n}>"
+    return kcuda.gemm_sm90_name(out_dtype, epilogue, block_n)
 
 
 def attention_name(head_dim: int) -> str:
-    return f"flash_attn_sm90<{int(head_dim)}>"
+    return kcuda.attention_sm90_name(head_dim)
 
 
 def gemm_names() -> tuple[str, ...]:
@@ -67,7 +63,7 @@ def _module(device_id: int, source: str, names: tuple[str, ...]) -> tuple[Any, d
     """(RawModule, {name expression: mangled name}) of `source` built for sm_90a, for device `device_id`."""
     import cupy as cp
 
-    cubin, _, lowered = nvrtc_check.compile_text(kcuda._inline(source, set()), source, names, "sm_90a")
+    cubin, _, lowered = nvrtc_check.compile_text(kcuda.load_source(source), source, names, kcuda.HOPPER_ARCH)
     fd, path = tempfile.mkstemp(suffix=f".{source}.sm_90a.cubin")
     with os.fdopen(fd, "wb") as f:
         f.write(cubin)

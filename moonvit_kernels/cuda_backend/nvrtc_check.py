@@ -1,7 +1,7 @@
 """The compile tier: build every CUDA C kernel with NVRTC for real GPU architectures, no GPU needed.
 
     python -m moonvit_kernels.cuda_backend.nvrtc_check [--arch sm_90 ...] [--head-dims 128 24 ...]
-    python -m moonvit_kernels.cuda_backend.nvrtc_check --cubin-dir DIR [--arch sm_90] [--head-dims 128]
+    python -m moonvit_kernels.cuda_backend.nvrtc_check --cubin-dir DIR [--arch sm_90 sm_90a] [--head-dims 128]
 
 Each `.cu` file in `moonvit_kernels/cuda_backend` is compiled to a cubin by NVRTC from the pip
 wheels (`cuda-bindings` + `nvidia-cuda-nvrtc`, headers from `nvidia-cuda-runtime`) with the same
@@ -14,11 +14,17 @@ compile, spills, has a larger stack frame than allowed (`KernelSpec.max_stack`),
 register bound (`KernelSpec.max_registers`) or 65536 registers per block, or needs more shared
 memory than the architecture gives a block.
 
+Architectures: sm_80 and sm_90 build the portable files; sm_90a (`--gpu-architecture=sm_90a`, the
+arch-specific features wgmma, tensor copies and setmaxnreg) builds the Hopper files
+(`sources.HOPPER_SOURCES`) and nothing else (`KernelSpec.builds_for`). All instantiations of one
+file go to NVRTC in one program per architecture.
+
 `--cubin-dir DIR` also writes each instantiation's cubin, built on its own (one NVRTC program per
 kernel, so the file holds that kernel only), as `DIR/<label>.<arch>.cubin` with the catalogue's
 label (`gemm_bf16_tc_bf16_gelu_tanh.sm_90.cubin`, `flash_attn_bf16_hd128.sm_90.cubin`), and
 `DIR/manifest.json` (per file: kernel name expression, mangled name, ptxas figures, status), for
-disassembly with `nvdisasm` or `cuobjdump -sass`. Without `--arch` it builds sm_90 only.
+disassembly with `nvdisasm` or `cuobjdump -sass`. Without `--arch` it builds sm_90 only (add
+`--arch sm_90 sm_90a` for the Hopper kernels' cubins, e.g. `gemm_bf16_sm90_bn128_bf16_gelu_tanh.sm_90a.cubin`).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from pathlib import Path
 
 from . import sources as kcuda
 
-ARCHS = ("sm_80", "sm_90")
+ARCHS = ("sm_80", "sm_90", "sm_90a")  # sm_90a: the Hopper files only
 # Shared memory one block may use after opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
 SMEM_PER_BLOCK = kcuda.OPTIN_SMEM_PER_BLOCK
 
@@ -240,9 +246,10 @@ def build_cubins(
     launchers' options (`sources.compile_options`) plus the check's (`nvrtc_options`).
 
     Returns `(file name, cubin bytes, report)` per instantiation, in catalogue order; ValueError for
-    an architecture without a shared-memory entry in `sources.OPTIN_SMEM_PER_BLOCK`."""
+    an architecture without a shared-memory entry in `sources.OPTIN_SMEM_PER_BLOCK`. Only the
+    instantiations built for `arch` (`sources.specs_for`): sm_90a gives the Hopper kernels alone."""
     check_arch(arch)
-    jobs = [(s, arch) for s in kcuda.kernel_specs(tuple(head_dims))]
+    jobs = [(s, arch) for s in kcuda.specs_for(arch, tuple(head_dims))]
     if workers <= 1:
         return [_cubin_job(j) for j in jobs]
     with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -284,9 +291,13 @@ def _check_job(job: tuple[str, tuple[kcuda.KernelSpec, ...], str]) -> list[Kerne
 def run_checks(
     archs: Sequence[str] = ARCHS, head_dims: Sequence[int] = DEFAULT_HEAD_DIMS, workers: int = 1
 ) -> list[KernelReport]:
-    """Compile every kernel instantiation for every arch; one NVRTC program per (file, arch)."""
-    groups = kcuda.specs_by_source(kcuda.kernel_specs(tuple(head_dims)))
-    jobs = [(src, tuple(specs), arch) for arch in archs for src, specs in groups.items()]
+    """Compile every kernel instantiation for every arch it builds for (`KernelSpec.builds_for`); one
+    NVRTC program per (file, arch)."""
+    jobs = [
+        (src, tuple(specs), arch)
+        for arch in archs
+        for src, specs in kcuda.specs_by_source(kcuda.specs_for(arch, tuple(head_dims))).items()
+    ]
     if workers <= 1:
         results = [_check_job(j) for j in jobs]
     else:
@@ -321,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m moonvit_kernels.cuda_backend.nvrtc_check", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--arch", nargs="+", help="GPU architectures (default: sm_80 sm_90; sm_90 with --cubin-dir)")
+    p.add_argument("--arch", nargs="+", help="GPU architectures (default: sm_80 sm_90 sm_90a; sm_90 with --cubin-dir)")
     p.add_argument("--head-dims", nargs="+", type=int, default=list(DEFAULT_HEAD_DIMS), help="attention head dims")
     p.add_argument("--workers", type=int, default=2, help="parallel NVRTC processes")
     p.add_argument("--cubin-dir", help="also write every instantiation's cubin and manifest.json here")

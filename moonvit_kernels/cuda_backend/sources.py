@@ -13,7 +13,8 @@ options and the same template instantiations:
 - `OPTIN_SMEM_PER_BLOCK` / `SUPPORTED_HEAD_DIMS`: the shared memory a block may use per architecture
   and the attention head dims that fit it.
 
-Every file needs sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async); the GPU tier targets sm_90.
+The portable files need sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async); the GPU tier targets sm_90.
+The Hopper files (`HOPPER_SOURCES`: wgmma, tensor copies) build for sm_90a only (`KernelSpec.archs`).
 
 Three ways to exercise them: on a GPU through CuPy (`launchers`, tests/test_cupy_gpu.py);
 compiled for sm_80/sm_90 without a GPU (`python -m moonvit_kernels.cuda_backend.nvrtc_check`,
@@ -34,7 +35,15 @@ from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent
 
-SOURCES = ("gemm_fp32.cu", "gemm_bf16.cu", "attention.cu", "rmsnorm.cu", "rope.cu", "pos_emb.cu", "merge.cu")
+# Portable files: sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async), built for every architecture.
+PORTABLE_SOURCES = ("gemm_fp32.cu", "gemm_bf16.cu", "attention.cu", "rmsnorm.cu", "rope.cu", "pos_emb.cu", "merge.cu")
+# Hopper files: wgmma, tensor copies, setmaxnreg, i.e. sm_90a's arch-specific features; built for sm_90a
+# only (a plain sm_90 build rejects them, and sm_90a code runs on compute capability 9.0 alone).
+# Their CPU emulator is emulation/hopper.py (the portable files' emulator, emulation/__init__.py,
+# builds PORTABLE_SOURCES only).
+HOPPER_SOURCES = ("gemm_bf16_sm90.cu", "flash_attn_sm90.cu")
+SOURCES = PORTABLE_SOURCES + HOPPER_SOURCES
+HOPPER_ARCH = "sm_90a"
 
 BF16 = "__nv_bfloat16"  # the C++ spelling of bfloat16 in template arguments
 
@@ -62,6 +71,7 @@ OPTIN_SMEM_PER_BLOCK = {
     "sm_87": 163 * 1024,  # Jetson Orin
     "sm_89": 99 * 1024,  # L4, L40S, RTX 40xx
     "sm_90": 227 * 1024,  # H100, H200: 232,448 B
+    "sm_90a": 227 * 1024,  # the same GPUs, arch-specific features on (the Hopper kernels' target)
     "sm_100": 227 * 1024,  # B200
     "sm_120": 99 * 1024,  # RTX 50xx
 }
@@ -79,6 +89,7 @@ SUPPORTED_HEAD_DIMS = {
     "sm_87": (240, 240),
     "sm_89": (144, 240),
     "sm_90": (240, 240),
+    "sm_90a": (240, 240),
     "sm_100": (240, 240),
     "sm_120": (144, 240),
 }
@@ -230,6 +241,13 @@ class KernelSpec:
     dynamic_smem: int = 0  # bytes of dynamic shared memory per block at launch
     max_stack: int = 0  # bytes of local-memory stack frame allowed (spills are never allowed)
     label: str = ""  # file-name-safe kernel + specialisation, e.g. "gemm_bf16_tc_bf16_gelu_tanh"
+    archs: tuple[str, ...] = ()  # the only architectures it is built for; () = every one without an "a" suffix
+
+    def builds_for(self, arch: str) -> bool:
+        """True when the compile tier builds this instantiation for `arch`: an arch-specific kernel
+        (`archs` given) for those archs only, a portable one for every arch except the "a" variants
+        (an sm_90a build of portable code would repeat the sm_90 one)."""
+        return arch in self.archs if self.archs else not arch.endswith("a")
 
 
 def gemm_bf16_name(out: str, epilogue: str) -> str:
@@ -282,6 +300,78 @@ def check_attention_fits(head_dim: int, dtype: str, smem_limit: int, where: str)
         )
 
 
+# ============================================================================ the Hopper kernels
+# Tile widths of gemm_bf16_sm90 (its BN template argument) and the (output, epilogue) pairs the backend
+# launches (CupyBackend.forward): the compile tier builds these, not every combination.
+HOPPER_GEMM_BLOCK_N = (128, 256)
+HOPPER_GEMM_USES = (
+    ("float32", "none"),
+    ("float32", "residual"),
+    ("bfloat16", "none"),
+    ("bfloat16", "gelu_tanh"),
+    ("bfloat16", "gelu_erf"),
+)
+HOPPER_MAX_HEAD_DIM = 128  # flash_attn_sm90: head dims 8..128 in steps of 8
+_REG_GEMM_SM90 = 168  # __launch_bounds__(384, 1): 65536 / 384 rounded down to 8; setmaxnreg redistributes them
+_REG_ATTN_SM90 = 255
+
+
+def gemm_sm90_name(out: str, epilogue: str, block_n: int = 128) -> str:
+    """`gemm_bf16_sm90<OutT, EPI, BN>`; out is "float32" or "bfloat16", block_n 128 or 256."""
+    return f"gemm_bf16_sm90<{'float' if out == 'float32' else BF16}, {EPILOGUES[epilogue]}, {int(block_n)}>"
+
+
+def attention_sm90_name(head_dim: int) -> str:
+    """`flash_attn_sm90<HD>`."""
+    return f"flash_attn_sm90<{int(head_dim)}>"
+
+
+def gemm_sm90_smem_bytes(block_n: int) -> int:
+    """GemmSm90Cfg<BN>::SMEM_BYTES: 4 stages of A (128 x 64) and B (BN x 64) bf16, 8 barriers, 1 KB alignment."""
+    return 4 * (128 * 64 * 2 + block_n * 64 * 2) + 2 * 4 * 8 + 1024
+
+
+def attention_sm90_smem_bytes(head_dim: int) -> int:
+    """AttnSm90Cfg<HD>::SMEM_BYTES: Q, 2 stages of K, raw V and transposed V, 9 barriers, 1 KB alignment."""
+    db = (head_dim + 63) // 64
+    q = k = vraw = db * 64 * 128
+    vt = 64 * db * 64 * 2
+    return q + 2 * (k + vraw + vt) + 8 * (1 + 4 * 2) + 1024
+
+
+def hopper_specs(head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:
+    """The sm_90a instantiations: gemm_bf16_sm90 at both tile widths for the backend's (output, epilogue)
+    pairs, flash_attn_sm90 at those of `head_dims` it supports (<= 128)."""
+    specs = []
+    for bn in HOPPER_GEMM_BLOCK_N:
+        for out, epi in HOPPER_GEMM_USES:
+            specs.append(
+                KernelSpec(
+                    "gemm_bf16_sm90.cu",
+                    gemm_sm90_name(out, epi, bn),
+                    384,
+                    _REG_GEMM_SM90,
+                    gemm_sm90_smem_bytes(bn),
+                    label=f"gemm_bf16_sm90_bn{bn}_{_tag(out)}_{epi}",
+                    archs=(HOPPER_ARCH,),
+                )
+            )
+    for hd in head_dims:
+        if hd <= HOPPER_MAX_HEAD_DIM:
+            specs.append(
+                KernelSpec(
+                    "flash_attn_sm90.cu",
+                    attention_sm90_name(hd),
+                    256,
+                    _REG_ATTN_SM90,
+                    attention_sm90_smem_bytes(hd),
+                    label=f"flash_attn_sm90_hd{hd}",
+                    archs=(HOPPER_ARCH,),
+                )
+            )
+    return specs
+
+
 def _type_name(dtype: str) -> str:
     return "float" if dtype == "float32" else BF16
 
@@ -327,7 +417,8 @@ _STACK_SINCOSF = 32
 
 
 def kernel_specs(head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:
-    """Every instantiation the launchers use, attention at the given head dims."""
+    """Every instantiation the launchers use, attention at the given head dims: the portable ones, then
+    the sm_90a ones (`hopper_specs`; see `KernelSpec.archs` / `specs_for(arch)`)."""
     specs: list[KernelSpec] = []
     for out in DTYPES:
         for epi in EPILOGUES:
@@ -363,7 +454,12 @@ def kernel_specs(head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:
         )
     for mode in ("bilinear", "bicubic"):
         specs.append(KernelSpec("pos_emb.cu", pos_emb_name(mode), 256, _REG_SMALL, label=f"add_pos_emb_{mode}"))
-    return specs
+    return specs + hopper_specs(head_dims)
+
+
+def specs_for(arch: str, head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:
+    """The instantiations the compile tier builds for `arch` (`KernelSpec.builds_for`)."""
+    return [s for s in kernel_specs(head_dims) if s.builds_for(arch)]
 
 
 def specs_by_source(specs: list[KernelSpec]) -> dict[str, list[KernelSpec]]:

@@ -54,7 +54,7 @@ GNU_UNIQUE_NOTE = "-fno-gnu-unique: each emulator library keeps its own function
 
 def _sources_digest() -> str:
     h = hashlib.sha256()
-    for name in (*kcuda.SOURCES, "common.cuh"):
+    for name in (*kcuda.PORTABLE_SOURCES, "common.cuh"):
         h.update((kcuda.KERNEL_DIR / name).read_bytes())
     for name in _STANDINS:
         h.update((HERE / name).read_bytes())
@@ -75,7 +75,7 @@ def library() -> ctypes.CDLL:
         inc = build / "include"
         src.mkdir(parents=True, exist_ok=True)
         inc.mkdir(parents=True, exist_ok=True)
-        for name in (*kcuda.SOURCES, "common.cuh"):
+        for name in (*kcuda.PORTABLE_SOURCES, "common.cuh"):
             text = (kcuda.KERNEL_DIR / name).read_text(encoding="utf-8")
             # dynamic shared memory comes from the emulated block
             text = text.replace(_DYNAMIC_SMEM, "unsigned char* smem_raw = emu::dynamic_smem();")

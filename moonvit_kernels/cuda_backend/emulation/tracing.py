@@ -82,14 +82,26 @@ def traced_library() -> tuple[ctypes.CDLL, Path]:
         src, inc = build / "src", build / "include"
         src.mkdir(parents=True, exist_ok=True)
         inc.mkdir(parents=True, exist_ok=True)
-        for name in (*kcuda.SOURCES, "common.cuh"):
+        for name in (*kcuda.PORTABLE_SOURCES, "common.cuh"):
             text = (kcuda.KERNEL_DIR / name).read_text(encoding="utf-8")
             (src / name).write_text(text.replace(_DYNAMIC_SMEM, "unsigned char* smem_raw = emu::dynamic_smem();"))
         for name in _STANDINS:
             shutil.copy(HERE / name, inc / name)
         (inc / "ptx.cuh").write_text(patch_ptx((HERE / "ptx.cuh").read_text(encoding="utf-8")), encoding="utf-8")
         shutil.copy(HERE / "trace_hooks.cpp", inc / "trace_hooks.cpp")
-        common = [cxx, "-std=c++20", "-O1", "-g", "-fPIC", "-fno-gnu-unique", "-pthread", "-w", f"-I{inc}", f"-I{src}", "-include"]
+        common = [
+            cxx,
+            "-std=c++20",
+            "-O1",
+            "-g",
+            "-fPIC",
+            "-fno-gnu-unique",
+            "-pthread",
+            "-w",
+            f"-I{inc}",
+            f"-I{src}",
+            "-include",
+        ]
         steps = [
             [
                 *common,
