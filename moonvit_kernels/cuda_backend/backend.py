@@ -14,6 +14,14 @@ what a bf16 model reads when it upcasts them). Activations stay on the device:
 
 so the bf16 backend rounds only GEMM/attention operands, never the residual stream.
 
+Kernels. GEMMs and attention go through `routing`: on a compute capability 9.0 device (H100, H200)
+the bf16 backend uses the Hopper kernels (gemm_bf16_sm90 when K % 8 == 0 and both operands are
+16-byte aligned, flash_attn_sm90 for head dims <= 128), each behind a first-use self-check against
+the mma.sync kernel (`selfcheck.FirstUseCheck`: on a mismatch it warns with a SelfCheckWarning
+naming the kernel and the mma.sync kernel answers from then on); elsewhere, or with `hopper=False`
+or MOONVIT_HOPPER=0, the mma.sync kernels. `backend.describe()` says which kernels are in use and
+`backend.kernel_calls` counts the launches per kernel.
+
 Stages (docs/model.md): patch GEMM -> + position grid -> N x [rmsnorm -> qkv GEMM -> RoPE -> attention ->
 wo GEMM + residual -> rmsnorm -> fc0 GEMM + GELU(tanh) -> fc1 GEMM + residual] -> final rmsnorm ->
 temporal mean + kh x kw merge -> proj.0 GEMM + GELU(erf) -> proj.2 GEMM -> rmsnorm.
@@ -21,6 +29,8 @@ temporal mean + kh x kw merge -> proj.0 GEMM + GELU(erf) -> proj.2 GEMM -> rmsno
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,7 +39,9 @@ import numpy as np
 from .. import reference
 from ..config import VisionConfig
 from ..weights import bf16_bits_to_float32, check_weights, float32_to_bf16_bits
+from . import routing
 from . import sources as kcuda
+from .selfcheck import FirstUseCheck, attention_probe, gemm_probe
 
 DTYPES = ("bfloat16", "float32")
 
@@ -40,10 +52,22 @@ class CupyBackend:
     name = "cupy"
 
     def __init__(
-        self, config: VisionConfig, weights: Mapping[str, np.ndarray], dtype: str = "bfloat16", kernels: Any = None
+        self,
+        config: VisionConfig,
+        weights: Mapping[str, np.ndarray],
+        dtype: str = "bfloat16",
+        kernels: Any = None,
+        hopper: bool | None = None,
+        hopper_kernels: Any = None,
     ):
         """`kernels` is the launcher module (default `moonvit_kernels.cuda_backend.launchers`); another module with
-        the same functions and an `array_module()` can stand in (the CPU emulation tests use one)."""
+        the same functions and an `array_module()` can stand in (the CPU emulation tests use one; its
+        `compute_capability()`, when it has one, plays the device's).
+
+        `hopper`: None (default) uses the Hopper kernels on compute capability 9.0 devices unless the
+        environment sets MOONVIT_HOPPER=0; True demands them (ValueError on another device or with
+        dtype float32); False never uses them. `hopper_kernels` is their launcher module (default
+        `hopper_launchers`; the emulation tests pass `emulation.hopper`)."""
         if dtype not in DTYPES:
             raise ValueError(f"CupyBackend dtype must be 'bfloat16' or 'float32', got {dtype!r}")
         check_weights(weights, config)
@@ -53,8 +77,33 @@ class CupyBackend:
 
             kernels.require_sm80()
             kernels.check_attention_supported(config.head_dim, dtype)  # this GPU's shared memory
+            capability = str(kernels.array_module().cuda.Device().compute_capability)
+        else:
+            capability = kernels.compute_capability() if hasattr(kernels, "compute_capability") else None
         self.k = kernels
         self.xp = kernels.array_module()
+        if hopper and dtype != "bfloat16":
+            raise ValueError("hopper=True needs dtype 'bfloat16': the Hopper kernels take bf16 operands")
+        self.hopper, self.hopper_reason = routing.hopper_enabled(hopper, capability, os.environ)
+        if self.hopper and dtype != "bfloat16":
+            self.hopper, self.hopper_reason = False, "off (float32 backend: the Hopper kernels are bf16)"
+        self.capability = capability
+        self.kernel_calls: Counter = Counter()  # launches per kernel name
+        self._sm90_gemm = self._sm90_attention = None
+        if self.hopper:
+            if hopper_kernels is None:
+                from . import hopper_launchers as hopper_kernels
+            self._sm90_gemm = FirstUseCheck(
+                routing.GEMM_SM90, hopper_kernels.gemm, kernels.gemm, gemm_probe(self.xp), rtol=1e-2
+            )
+            if routing.choose_attention(True, dtype, config.head_dim) == routing.ATTN_SM90:
+                self._sm90_attention = FirstUseCheck(
+                    routing.ATTN_SM90,
+                    hopper_kernels.attention,
+                    kernels.attention,
+                    attention_probe(self.xp, config.head_dim),
+                    rtol=1e-2,
+                )
         self.config = config
         self.dtype = dtype
         D, p = config.vt_hidden_size, config.patch_size
@@ -95,6 +144,56 @@ class CupyBackend:
         self.proj0 = gemm_weight("mm_projector.proj.0.weight")
         self.proj2 = gemm_weight("mm_projector.proj.2.weight")
         self.post_norm = fp32_weight("mm_projector.post_norm.weight")
+
+    # ------------------------------------------------------------------ kernel choice
+    def gemm(self, a: Any, b: Any, **kwargs: Any) -> Any:
+        """`kernels.gemm(a, b, **kwargs)` on the kernel `routing.choose_gemm` picks (Hopper behind its check)."""
+        name = routing.choose_gemm(self.hopper, _dtype_name(a), a.shape[-1], _aligned16(a) and _aligned16(b))
+        if name == routing.GEMM_SM90 and self._sm90_gemm is not None:
+            out = self._sm90_gemm(a, b, **kwargs)
+            name = name if self._sm90_gemm.verified else routing.GEMM_BF16
+        else:
+            out = self.k.gemm(a, b, **kwargs)
+        self.kernel_calls[name] += 1
+        return out
+
+    def attention(self, qkv: Any, cu_seqlens: Any, num_heads: int, head_dim: int, **kwargs: Any) -> Any:
+        """`kernels.attention(...)` on the kernel `routing.choose_attention` picks (Hopper behind its check)."""
+        name = routing.choose_attention(self.hopper, _dtype_name(qkv), head_dim)
+        if name == routing.ATTN_SM90 and self._sm90_attention is not None:
+            out = self._sm90_attention(qkv, cu_seqlens, num_heads, head_dim, **kwargs)
+            name = name if self._sm90_attention.verified else routing.ATTN_BF16
+        else:
+            out = self.k.attention(qkv, cu_seqlens, num_heads, head_dim, **kwargs)
+        self.kernel_calls[name] += 1
+        return out
+
+    def describe(self) -> dict[str, str]:
+        """Which kernels this backend uses, in words: {"device", "hopper", "gemm", "attention", "calls"}."""
+        trusted = {routing.GEMM_SM90: routing.GEMM_BF16, routing.ATTN_SM90: routing.ATTN_BF16}
+
+        def state(check: FirstUseCheck | None, plain: str) -> str:
+            if check is None:
+                return plain
+            if check.verified is None:
+                return f"{check.name} (first-use check against {trusted[check.name]} not run yet)"
+            if check.verified:
+                return f"{check.name} (passed its first-use check, max relative error {check.error:.2g})"
+            return f"{trusted[check.name]} ({check.name} FAILED its first-use check)"
+
+        bf16 = self.dtype == "bfloat16"
+        gemm_plain = routing.GEMM_BF16 if bf16 else routing.GEMM_FP32
+        gemm = state(self._sm90_gemm, gemm_plain)
+        if self._sm90_gemm is not None:
+            gemm += f"; {gemm_plain} when K % 8 != 0 or an operand is not 16-byte aligned"
+        attn = routing.choose_attention(False, self.dtype, self.config.head_dim)
+        return {
+            "device": "unknown" if self.capability is None else f"sm_{self.capability}",
+            "hopper": self.hopper_reason,
+            "gemm": gemm,
+            "attention": state(self._sm90_attention, attn),
+            "calls": ", ".join(f"{k} x{v}" for k, v in sorted(self.kernel_calls.items())) or "none yet",
+        }
 
     # ------------------------------------------------------------------ helpers
     def _upload_operand(self, a: Any) -> Any:
@@ -150,7 +249,7 @@ class CupyBackend:
         bounds_dev = xp.asarray(bounds)
         merge_src = xp.asarray(k.merge_sources(grid, cfg.merge_kernel_size))
 
-        x = k.gemm(self._upload_operand(pv.reshape(L, -1)), self.patch_w, out_dtype="float32")
+        x = self.gemm(self._upload_operand(pv.reshape(L, -1)), self.patch_w, out_dtype="float32")
         keep("patch_embed", x)
         k.add_position_embedding_inplace(
             x, token_pos, grid_dev, self.pos_w, self.time_table, cfg.pos_emb_interpolation_mode
@@ -158,13 +257,13 @@ class CupyBackend:
         keep("pos_emb", x)
         for i, w in enumerate(self.layers):
             h = k.rmsnorm(x, w["norm0"], eps, out_dtype=act)
-            qkv = k.gemm(h, w["wqkv"], out_dtype=act)
+            qkv = self.gemm(h, w["wqkv"], out_dtype=act)
             k.rope_inplace(qkv, token_pos, self.freqs, H, hd)
-            o, _ = k.attention(qkv, bounds, H, hd, cu_seqlens_device=bounds_dev)
-            k.gemm(o, w["wo"], epilogue="residual", residual=x, out=x)
+            o, _ = self.attention(qkv, bounds, H, hd, cu_seqlens_device=bounds_dev)
+            self.gemm(o, w["wo"], epilogue="residual", residual=x, out=x)
             h = k.rmsnorm(x, w["norm1"], eps, out_dtype=act)
-            m = k.gemm(h, w["fc0"], epilogue="gelu_tanh", out_dtype=act)
-            k.gemm(m, w["fc1"], epilogue="residual", residual=x, out=x)
+            m = self.gemm(h, w["fc0"], epilogue="gelu_tanh", out_dtype=act)
+            self.gemm(m, w["fc1"], epilogue="residual", residual=x, out=x)
             keep(f"layer_{i}", x)
             if on_layer is not None:
                 on_layer(i)
@@ -172,8 +271,8 @@ class CupyBackend:
         keep("final_norm", xf)
         merged = k.tpool_merge(xf, merge_src, cfg.merge_kernel_size, out_dtype=act)
         keep("merged", merged)
-        h = k.gemm(merged, self.proj0, epilogue="gelu_erf", out_dtype=act)
-        y = k.gemm(h, self.proj2, out_dtype="float32")
+        h = self.gemm(merged, self.proj0, epilogue="gelu_erf", out_dtype=act)
+        y = self.gemm(h, self.proj2, out_dtype="float32")
         projected = k.rmsnorm(y, self.post_norm, cfg.projector_ln_eps, out_dtype="float32")
         keep("projected", projected)
 
@@ -185,6 +284,20 @@ class CupyBackend:
             outputs = [_to_numpy(o) for o in outputs]
             stages = {name: _to_numpy(a) for name, a in stages.items()}
         return (outputs, stages) if return_intermediates else outputs
+
+
+def _dtype_name(a: Any) -> str:
+    """ "bfloat16" for uint16 bits, "float32" for float32, else the dtype's own name."""
+    return {"uint16": "bfloat16", "float32": "float32"}.get(str(a.dtype), str(a.dtype))
+
+
+def _aligned16(a: Any) -> bool:
+    """True when `a` is C-contiguous and starts at a 16-byte aligned address (CuPy or NumPy array)."""
+    if not a.flags.c_contiguous:
+        return False
+    data = getattr(a, "data", None)
+    address = int(data.ptr) if hasattr(data, "ptr") else int(a.ctypes.data)
+    return address % 16 == 0
 
 
 def _to_numpy(a: Any) -> np.ndarray:

@@ -1,0 +1,194 @@
+"""CupyBackend's choice of kernels: the pure routing rules, and the whole backend on the CPU emulators
+with the Hopper kernels switched on (as on a compute capability 9.0 device), including the fallback
+when a Hopper kernel fails its first-use self-check."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from cuda_kernel_checks import random_pixels, random_weights
+
+from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.cuda_backend import routing
+from moonvit_kernels.cuda_backend.emulation import compiler
+
+
+# ============================================================================ the switch
+@pytest.mark.parametrize(
+    "requested, capability, env, on, why",
+    [
+        (None, "90", {}, True, "automatic: compute capability 9.0"),
+        (None, "90", {"MOONVIT_HOPPER": "0"}, False, "MOONVIT_HOPPER=0"),
+        (None, "90", {"MOONVIT_HOPPER": "1"}, True, "automatic"),
+        (None, "80", {}, False, "sm_80"),
+        (None, "100", {}, False, "sm_100"),  # sm_90a code does not run on Blackwell
+        (None, None, {}, False, "unknown compute capability"),
+        (False, "90", {}, False, "hopper=False"),
+        (True, "90", {"MOONVIT_HOPPER": "0"}, True, "hopper=True"),  # the explicit argument wins
+    ],
+)
+def test_hopper_switch(requested, capability, env, on, why):
+    got, reason = routing.hopper_enabled(requested, capability, env)
+    assert got is on and why in reason
+
+
+def test_hopper_switch_refuses_what_cannot_work():
+    with pytest.raises(ValueError, match="compute capability 9.0.*sm_89"):
+        routing.hopper_enabled(True, "89", {})
+    with pytest.raises(ValueError, match="unknown"):
+        routing.hopper_enabled(True, None, {})
+    with pytest.raises(ValueError, match="True, False or None"):
+        routing.hopper_enabled("yes", "90", {})
+
+
+# ============================================================================ per call
+@pytest.mark.parametrize(
+    "hopper, dtype, K, aligned, kernel",
+    [
+        (True, "bfloat16", 1024, True, "gemm_bf16_sm90"),
+        (True, "bfloat16", 8, True, "gemm_bf16_sm90"),
+        (True, "bfloat16", 588, True, "gemm_bf16_tc"),  # K3's patch GEMM: 3·14·14 is not a multiple of 8
+        (True, "bfloat16", 1024, False, "gemm_bf16_tc"),
+        (False, "bfloat16", 1024, True, "gemm_bf16_tc"),
+        (True, "float32", 1024, True, "gemm_fp32_simt"),
+        (False, "float32", 7, False, "gemm_fp32_simt"),
+    ],
+)
+def test_gemm_route(hopper, dtype, K, aligned, kernel):
+    assert routing.choose_gemm(hopper, dtype, K, aligned) == kernel
+
+
+@pytest.mark.parametrize(
+    "hopper, dtype, head_dim, kernel",
+    [
+        (True, "bfloat16", 128, "flash_attn_sm90"),
+        (True, "bfloat16", 24, "flash_attn_sm90"),
+        (True, "bfloat16", 136, "flash_attn_bf16"),  # above the Hopper kernel's 128
+        (True, "bfloat16", 12, "flash_attn_bf16"),  # not a multiple of 8
+        (False, "bfloat16", 128, "flash_attn_bf16"),
+        (True, "float32", 128, "flash_attn_fp32"),
+    ],
+)
+def test_attention_route(hopper, dtype, head_dim, kernel):
+    assert routing.choose_attention(hopper, dtype, head_dim) == kernel
+
+
+def test_routes_reject_unknown_dtypes():
+    with pytest.raises(ValueError, match="gemm dtype"):
+        routing.choose_gemm(True, "float16", 64, True)
+    with pytest.raises(ValueError, match="attention dtype"):
+        routing.choose_attention(True, "int8", 64)
+
+
+# ============================================================================ the backend on the emulators
+needs_cxx = pytest.mark.skipif(compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation")
+
+
+class Sm90Emulation:
+    """The portable emulator, presenting itself as a compute capability 9.0 device."""
+
+    def __getattr__(self, name):
+        from moonvit_kernels.cuda_backend import emulation
+
+        return getattr(emulation, name)
+
+    @staticmethod
+    def compute_capability() -> str:
+        return "90"
+
+
+class FaultyHopper:
+    """The Hopper emulator with the planted mismatch in its GEMM (B's tensor map 8 elements late)."""
+
+    def __getattr__(self, name):
+        from moonvit_kernels.cuda_backend.emulation import hopper
+
+        return getattr(hopper, name)
+
+    @staticmethod
+    def gemm(*args, **kwargs):
+        from moonvit_kernels.cuda_backend.emulation import hopper
+
+        return hopper.gemm(*args, fault=1, **kwargs)
+
+
+GRID = np.array([[1, 4, 6], [1, 2, 4]])  # an interpolated image and a smaller one, packed
+
+
+def _backend(hopper_kernels, **kwargs):
+    from moonvit_kernels.cuda_backend.backend import CupyBackend
+
+    config = VisionConfig.tiny()
+    weights = random_weights(config, 5)
+    return CupyBackend(config, weights, "bfloat16", kernels=Sm90Emulation(), hopper_kernels=hopper_kernels, **kwargs)
+
+
+@needs_cxx
+def test_backend_uses_the_hopper_kernels_on_sm90(recwarn):
+    """hopper=None on a "9.0 device": Hopper GEMMs and attention after their checks pass, the same result
+    as the mma.sync backend within bf16 rounding; odd K and unaligned operands take gemm_bf16_tc."""
+    from moonvit_kernels.cuda_backend import emulation
+    from moonvit_kernels.cuda_backend.emulation import hopper
+
+    backend = _backend(hopper)
+    plain = _backend(hopper, hopper=False)
+    assert "not run yet" in backend.describe()["gemm"] and backend.describe()["hopper"].startswith("on")
+    pixels = random_pixels(GRID, backend.config.patch_size, seed=6)
+    got = backend.forward(pixels, GRID, as_numpy=True)
+    want = plain.forward(pixels, GRID, as_numpy=True)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=3e-2, atol=3e-2 * float(np.max(np.abs(w))))
+    assert not [w for w in recwarn.list if "self-check" in str(w.message)]
+    layers = backend.config.vt_num_hidden_layers
+    assert backend.kernel_calls == {"gemm_bf16_sm90": 3 + 4 * layers, "flash_attn_sm90": layers}
+    assert plain.kernel_calls == {"gemm_bf16_tc": 3 + 4 * layers, "flash_attn_bf16": layers}
+    info = backend.describe()
+    assert "gemm_bf16_sm90 (passed" in info["gemm"] and "flash_attn_sm90 (passed" in info["attention"]
+    assert plain.describe()["hopper"] == "off (hopper=False)" and plain.describe()["gemm"] == "gemm_bf16_tc"
+
+    rng = np.random.default_rng(7)
+    a, b = emulation.to_bf16(rng.standard_normal((5, 12))), emulation.to_bf16(rng.standard_normal((3, 12)))
+    np.testing.assert_array_equal(backend.gemm(a, b), emulation.gemm(a, b))  # K = 12: not a multiple of 8
+    # an operand 2 bytes past 16-byte alignment (the emulators assume aligned arrays: a recording stand-in)
+    shifted = np.empty(5 * 16 + 1, np.uint16)[1:].reshape(5, 16)
+    calls = []
+    backend.k = SimpleNamespace(gemm=lambda a, b, **kw: calls.append(a.ctypes.data % 16) or "mma.sync")
+    assert backend.gemm(shifted, b[:, :16].copy()) == "mma.sync" and calls == [2]
+    assert backend.kernel_calls["gemm_bf16_tc"] == 2
+
+
+@needs_cxx
+def test_backend_falls_back_when_a_hopper_kernel_fails_its_check():
+    from moonvit_kernels.cuda_backend.selfcheck import SelfCheckWarning
+
+    backend = _backend(FaultyHopper())
+    pixels = random_pixels(GRID, backend.config.patch_size, seed=6)
+    with pytest.warns(SelfCheckWarning, match="gemm_bf16_sm90: first-use self-check failed"):
+        backend.forward(pixels, GRID, as_numpy=True)
+    layers = backend.config.vt_num_hidden_layers
+    assert backend.kernel_calls == {"gemm_bf16_tc": 3 + 4 * layers, "flash_attn_sm90": layers}
+    assert "gemm_bf16_tc (gemm_bf16_sm90 FAILED" in backend.describe()["gemm"]
+
+
+def test_backend_switch_errors():
+    from moonvit_kernels.cuda_backend import emulation
+    from moonvit_kernels.cuda_backend.backend import CupyBackend
+
+    config = VisionConfig.tiny()
+    weights = random_weights(config, 5)
+    with pytest.raises(ValueError, match="dtype 'bfloat16'"):
+        CupyBackend(config, weights, "float32", kernels=Sm90Emulation(), hopper=True)
+    with pytest.raises(ValueError, match="compute capability 9.0.*unknown"):
+        CupyBackend(config, weights, "bfloat16", kernels=emulation, hopper=True)
+    fp32 = CupyBackend(config, weights, "float32", kernels=Sm90Emulation())
+    assert fp32.hopper is False and "float32" in fp32.describe()["hopper"]
+    assert fp32.describe()["gemm"] == "gemm_fp32_simt" and fp32.describe()["attention"] == "flash_attn_fp32"
+
+
+def test_environment_switch_turns_the_backend_off(monkeypatch):
+    from moonvit_kernels.cuda_backend.backend import CupyBackend
+
+    config = VisionConfig.tiny()
+    monkeypatch.setenv("MOONVIT_HOPPER", "0")
+    backend = CupyBackend(config, random_weights(config, 5), "bfloat16", kernels=Sm90Emulation())
+    assert backend.hopper is False and backend.describe()["hopper"] == "off (MOONVIT_HOPPER=0)"
