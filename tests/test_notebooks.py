@@ -29,6 +29,7 @@ EXPECTED = [
     "05_merge_and_projector",
     "06_full_encoder",
     "07_performance_without_a_gpu",
+    "08_hopper",
 ]
 IDS = [p.stem for p in NOTEBOOKS]
 
