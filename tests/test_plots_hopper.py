@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 
 from moonvit_kernels.cuda_backend.emulation import compiler
-from moonvit_kernels.plots.hopper import excerpt, plot_swizzle, swizzle_layout
+from moonvit_kernels.plots.hopper import (
+    accumulator_owners,
+    excerpt,
+    plot_accumulator_owners,
+    plot_swizzle,
+    swizzle_layout,
+)
 
 
 def doc_swizzle(addr: int, span: int) -> int:
@@ -57,3 +63,37 @@ def test_excerpt_finds_lines_by_marker():
         excerpt(text, "zzz")
     with pytest.raises(ValueError, match="end marker 'a' not found after 'start here'"):
         excerpt(text, "start here", "a")  # only line 0 holds an "a": before the start
+
+
+def documented_registers(n: int) -> np.ndarray:
+    """[128, n/2]: the codes 64·m + c each thread holds, per the PTX ISA's m64nNk16 accumulator figure."""
+    regs = np.zeros((128, n // 2))
+    for t in range(128):
+        w, lane = divmod(t, 32)
+        for i in range(n // 8):
+            for j in range(4):
+                regs[t, 4 * i + j] = 64 * (16 * w + lane // 4 + 8 * (j // 2)) + 8 * i + 2 * (lane % 4) + j % 2
+    return regs
+
+
+def test_accumulator_owners_inverts_the_fragment():
+    thread, register = accumulator_owners(documented_registers(16))
+    assert thread.shape == register.shape == (64, 16)
+    assert (thread[9, 2], register[9, 2]) == (5, 2)  # lane 5 (row 1 + 8, column 2·1): its third register
+    assert (thread[63, 15], register[63, 15]) == (127, 7)
+    assert sorted(zip(thread.ravel(), register.ravel(), strict=True)) == [(t, i) for t in range(128) for i in range(8)]
+    fig = plot_accumulator_owners(thread, register)
+    assert len(fig.axes) == 2 and fig.axes[1].texts[0].get_text() == "0/0"
+
+
+def test_accumulator_owners_rejects_what_is_not_a_fragment():
+    regs = documented_registers(8)
+    with pytest.raises(ValueError, match="128 threads"):
+        accumulator_owners(regs[:64])
+    dup = regs.copy()
+    dup[1, 0] = dup[0, 0]
+    with pytest.raises(ValueError, match="held twice"):
+        accumulator_owners(dup)
+    regs[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        accumulator_owners(regs)

@@ -5,6 +5,8 @@
   hardware, `cuda_backend.emulation.hopper.swizzle`, or any other with its signature).
 - `plot_swizzle(layouts)`: one panel per layout, the physical rows of shared memory with each slot
   coloured and labelled by the logical chunk it holds; the x axis names the 4 banks of each slot.
+- `accumulator_owners(registers)` / `plot_accumulator_owners`: which thread and register of a warpgroup
+  holds element (m, n) of a wgmma m64nNk16 accumulator, read off a run where D[m, n] = 64·m + n.
 - `excerpt(text, start, end)`: the lines of a source file between two markers, so a notebook shows a
   piece of a kernel found by its text, not by line numbers that drift.
 """
@@ -73,6 +75,51 @@ def plot_swizzle(layouts: Mapping[str, np.ndarray], elem_bytes: int = 2) -> Figu
         ax.set_ylabel("row r of the tile (mod 8)")
         ax.set_title(title, fontsize=9)
     fig.suptitle("which logical 16-byte chunk j (bf16 elements k) each shared-memory slot holds", fontsize=9)
+    return fig
+
+
+def accumulator_owners(registers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(thread [64, N], register [64, N])` int: who holds D[m, n] of a wgmma m64nNk16 accumulator.
+
+    `registers` `[128, N/2]`: each thread's accumulator registers after a wgmma that computed
+    D[m, n] = 64·m + n (exact in fp32), N ≤ 64. ValueError unless every element is held exactly once."""
+    regs = np.asarray(registers)
+    if regs.ndim != 2 or regs.shape[0] != 128 or not 1 <= regs.shape[1] <= 32:
+        raise ValueError(f"expected [128 threads, N/2 <= 32 registers], got {regs.shape}")
+    n = 2 * regs.shape[1]
+    if not np.all(np.isfinite(regs)) or np.any(regs != np.round(regs)):
+        raise ValueError("the registers do not hold the codes 64·m + n (NaN or fractions)")
+    thread = np.full((64, n), -1, dtype=np.int64)
+    register = np.full((64, n), -1, dtype=np.int64)
+    for (t, i), code in np.ndenumerate(regs.astype(np.int64)):
+        m, c = divmod(int(code), 64)
+        if not (0 <= m < 64 and 0 <= c < n) or thread[m, c] >= 0:
+            raise ValueError(f"thread {t} register {i} holds {code}: not a code, or an element held twice")
+        thread[m, c], register[m, c] = t, i
+    return thread, register
+
+
+def plot_accumulator_owners(thread: np.ndarray, register: np.ndarray, rows: int = 16) -> Figure:
+    """Left: the 64 x N accumulator coloured by warp (thread // 32). Right: its first `rows` rows, each
+    element labelled `lane/register` of the thread that holds it."""
+    fig = Figure(figsize=(11, 5.2), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=(1, 2))
+    warp = thread // 32
+    left.imshow(warp, cmap="tab10", vmin=0, vmax=9, interpolation="nearest", aspect="auto")
+    for w in range(4):
+        left.text(thread.shape[1] / 2 - 0.5, 16 * w + 7.5, f"warp {w}", ha="center", va="center", fontsize=9)
+    left.set_title("which warp holds D[m, n]", fontsize=9)
+    left.set_xlabel("column n")
+    left.set_ylabel("row m")
+    lane = thread[:rows] % 32
+    right.imshow(lane % 4, cmap="Pastel1", vmin=0, vmax=8, interpolation="nearest", aspect="auto")
+    for (m, c), t in np.ndenumerate(lane):
+        right.text(c, m, f"{t}/{register[m, c]}", ha="center", va="center", fontsize=5.5)
+    right.set_title(f"rows 0–{rows - 1}: lane/register (colour: lane mod 4)", fontsize=9)
+    right.set_xlabel("column n")
+    right.set_ylabel("row m")
+    right.set_xticks(range(thread.shape[1]))
+    right.set_yticks(range(rows))
     return fig
 
 
