@@ -91,6 +91,8 @@ def test_simulate_csv_has_every_kernel_version_with_units_formulas_and_checks(si
         assert ("numba", name) in items
     for name in ("gemm_bf16 qkv", "gemm_fp32 qkv", "attention_bfloat16", "attention_float32", "rmsnorm fp32->bf16"):
         assert ("CUDA C", name) in items
+    for name in ("gemm_bf16_sm90 bn128 qkv", "gemm_bf16_sm90 bn256 wo+residual", "flash_attn_sm90"):
+        assert ("CUDA C", name) in items  # the Hopper kernels, on their emulator
     for r in kernels:
         assert r["unit"] in ("TFLOP/s", "GB/s") and r["formula"] and float(r["rate"]) > 0
         assert r["where"] in ("CUDA simulator (CPU)", "CUDA C emulator (CPU)"), r["where"]
@@ -331,3 +333,60 @@ def test_datasheet_peaks_are_labelled_and_unknown_gpus_get_none():
     assert peak_for("NVIDIA H200", "TFLOP/s", "float32")[1].endswith("fp32 (H200 datasheet)")
     assert peak_for("NVIDIA GeForce RTX 4090", "GB/s", "float32") is None
     assert peak_for(None, "GB/s", "float32") is None
+
+
+# ============================================================================ the Hopper rows
+def test_hopper_rows_only_on_sm90_and_only_where_the_tensor_maps_fit():
+    assert sections_mod.hopper_skip_reason("90") is None
+    assert "compute capability 9.0" in sections_mod.hopper_skip_reason("80")
+    assert "sm_100" in sections_mod.hopper_skip_reason("100")
+
+    class Fake:  # nothing is built or launched: the case list only
+        array_module = staticmethod(lambda: np)
+        gemm = attention = None
+
+    names = [
+        n for n, _ in kernels_mod.hopper_cases(Fake, VisionConfig.k3(), np.array([[1, 4, 4]]), ("patch_embed", "qkv"))
+    ]
+    assert names == ["hopper gemm bn128 qkv", "hopper gemm bn256 qkv", "hopper attention"]  # patch K = 588: no TMA
+
+
+def test_hopper_preflight_failure_names_the_kernel(monkeypatch):
+    result = {"gemm_bf16_sm90 bn128": {"ok": False, "error": 0.4, "why": "gemm_bf16_sm90: first-use self-check failed"}}
+    fake = subprocess.CompletedProcess([], 1, stdout=__import__("json").dumps(result) + "\n", stderr="")
+    monkeypatch.setattr(sections_mod.subprocess, "run", lambda *a, **k: fake)
+    with pytest.raises(RuntimeError, match="gemm_bf16_sm90: first-use self-check failed"):
+        sections_mod.hopper_preflight(128)
+    crashed = subprocess.CompletedProcess([], -6, stdout="", stderr="an illegal memory access was encountered")
+    monkeypatch.setattr(sections_mod.subprocess, "run", lambda *a, **k: crashed)
+    with pytest.raises(RuntimeError, match="exited -6: an illegal memory access"):
+        sections_mod.hopper_preflight(128)
+
+
+@needs_sim
+@needs_emulator
+def test_wrong_hopper_kernel_fails_its_rows(tmp_path, monkeypatch):
+    """The Hopper GEMM with the emulator's planted mismatch: its rows FAIL, the attention row passes."""
+    from moonvit_kernels.cuda_backend.emulation import hopper
+
+    class Faulty:
+        array_module = staticmethod(hopper.array_module)
+        attention = staticmethod(hopper.attention)
+
+        @staticmethod
+        def gemm(*args, **kwargs):
+            return hopper.gemm(*args, fault=1, **kwargs)
+
+    monkeypatch.setattr(sections_mod, "numba_cases", lambda *a, **k: iter(()))
+    monkeypatch.setattr(sections_mod, "cuda_cases", lambda *a, **k: iter(()))
+    monkeypatch.setattr(sections_mod, "hopper_kernels_module", lambda plan: Faulty)
+    status = run_mod.main(["--simulate", "--sections", "kernels", "--out", str(tmp_path)])
+    assert status == 1
+    rows = read_csv(tmp_path / "results.csv")
+    assert {r["item"]: r["verdict"] for r in rows} == {
+        "gemm_bf16_sm90 bn128 qkv": "FAIL",
+        "gemm_bf16_sm90 bn256 qkv": "FAIL",
+        "gemm_bf16_sm90 bn128 wo+residual": "FAIL",
+        "gemm_bf16_sm90 bn256 wo+residual": "FAIL",
+        "flash_attn_sm90": "pass",
+    }

@@ -95,3 +95,52 @@ def attention_probe(xp: Any, head_dim: int, heads: int = 2, lens: Sequence[int] 
     qkv = _bf16(xp, rng, (L, 3 * heads * head_dim), 1.5)
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     return lambda attention: list(attention(qkv, cu, heads, head_dim))
+
+
+def hopper_checks(xp: Any, hopper: Any, trusted: Any, head_dim: int = 128) -> dict[str, FirstUseCheck]:
+    """The first-use checks of the Hopper kernels (`hopper`: hopper_launchers or the emulator) against the
+    `trusted` launchers: gemm_bf16_sm90 at both tile widths and flash_attn_sm90 at `head_dim`, by name."""
+
+    def wide(*args: Any, **kwargs: Any) -> Any:
+        return hopper.gemm(*args, block_n=256, **kwargs)
+
+    return {
+        "gemm_bf16_sm90 bn128": FirstUseCheck("gemm_bf16_sm90", hopper.gemm, trusted.gemm, gemm_probe(xp), 1e-2),
+        "gemm_bf16_sm90 bn256": FirstUseCheck("gemm_bf16_sm90 (BN 256)", wide, trusted.gemm, gemm_probe(xp), 1e-2),
+        "flash_attn_sm90": FirstUseCheck(
+            "flash_attn_sm90", hopper.attention, trusted.attention, attention_probe(xp, head_dim), 1e-2
+        ),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m moonvit_kernels.cuda_backend.selfcheck [--head-dim HD]`: run the Hopper kernels' first-use
+    checks on the current GPU (compute capability 9.0) against the mma.sync kernels; print one JSON line
+    {check: {"ok", "error", "why"}}; exit status 0 when all pass. Meant to run in a process of its own
+    (gpu_check does), so that a faulting kernel cannot spoil the caller's CUDA context."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m moonvit_kernels.cuda_backend.selfcheck", description=main.__doc__)
+    p.add_argument("--head-dim", type=int, default=128)
+    args = p.parse_args(argv)
+    from . import hopper_launchers, launchers
+
+    results = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SelfCheckWarning)
+        checks = hopper_checks(launchers.array_module(), hopper_launchers, launchers, args.head_dim)
+        for name, check in checks.items():
+            ok = check.check()
+            results[name] = {"ok": bool(ok), "error": check.error}
+        whys = [str(w.message) for w in caught]
+    for name, r in results.items():
+        r["why"] = next((w for w in whys if not r["ok"] and w.startswith(checks[name].name + ":")), "")
+    print(json.dumps(results), flush=True)
+    return 0 if all(r["ok"] for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

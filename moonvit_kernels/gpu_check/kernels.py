@@ -371,6 +371,118 @@ def numba_cases(
 
 
 # ============================================================================ CUDA C kernels
+def _host(a: Any) -> np.ndarray:
+    a = a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+    return bf16_bits_to_float32(a) if a.dtype == np.uint16 else a
+
+
+def _up(xp: Any, a: np.ndarray, dtype: str) -> tuple[Any, np.ndarray]:
+    """`a` on the device in `dtype` (bf16 = uint16 bits) and the values it holds (float32 host)."""
+    if dtype == "bfloat16":
+        return xp.asarray(float32_to_bf16_bits(a)), bf16_round(a)
+    return xp.array(a, dtype=np.float32, copy=True), a  # a copy: NumPy (the emulator) would alias
+
+
+def _poison(xp: Any, shape: tuple[int, ...], dtype: str) -> Any:
+    if dtype == "bfloat16":
+        return xp.asarray(np.full(shape, 0x7FC0, np.uint16))
+    return xp.asarray(np.full(shape, np.nan, np.float32))
+
+
+def _gemm_out_dtype(name: str, operands: str, epi: str) -> str:
+    """The output dtype the backend gives GEMM `name` (fp32 for the residual stream, patch and proj2)."""
+    if operands == "float32" or epi == "residual" or name in ("patch_embed", "proj2"):
+        return "float32"
+    return "bfloat16"
+
+
+def _gemm_builder(
+    gemm: Callable[..., Any], xp: Any, shape: tuple[int, int, int, str], L: int, name: str, operands: str, label: str
+) -> Builder:
+    """A GEMM case through `gemm` (the launchers' signature) at `shape` = (M, N, K, epilogue)."""
+    M, N, K, epi = shape
+    out_dtype = _gemm_out_dtype(name, operands, epi)
+
+    def build() -> KernelCase:
+        rng = np.random.default_rng(400)
+        a_d, a = _up(xp, random(rng, (M, K)), operands)
+        b_d, b = _up(xp, random(rng, (N, K), 1 / math.sqrt(K)), operands)
+        r = random(rng, (M, N), 2.0) if epi == "residual" else None
+        out = _poison(xp, (M, N), out_dtype) if r is None else xp.array(r, copy=True)
+        res = out if r is not None else None
+
+        def run() -> Any:
+            return gemm(a_d, b_d, epilogue=epi, residual=res, out=out, out_dtype=out_dtype)
+
+        def check(go: Callable[[], Any]) -> tuple[float, float]:
+            out[...] = xp.asarray(r) if r is not None else _poison(xp, (M, N), out_dtype)
+            go()
+            rows = sample_rows(M)
+            got = _host(out)[rows]
+            want = gemm_want(a[rows], b, epi, None if r is None else r[rows])
+            tol = TOL_FP32 if operands == "float32" else (TOL_BF16_OUT if out_dtype == "bfloat16" else TOL_BF16_ACC)
+            return rel_err(got, want), tol
+
+        kind = "gemm_bf16" if operands == "bfloat16" else "gemm_fp32"
+        return KernelCase(
+            label,
+            "CUDA C",
+            f"{operands}->{out_dtype}",
+            f"{M}x{N}x{K}",
+            L,
+            2.0 * M * N * K,
+            "TFLOP/s",
+            f"2·{M}·{N}·{K}",
+            run,
+            check,
+            (kind, M, N, K),
+        )
+
+    return build
+
+
+def _attention_builder(
+    attention: Callable[..., Any], xp: Any, L: int, H: int, hd: int, dtype: str, label: str
+) -> Builder:
+    """An attention case through `attention` (the launchers' signature): one item of L tokens."""
+    Q = H * hd
+    bounds = np.array([0, L], dtype=np.int64)
+
+    def build() -> KernelCase:
+        bounds_dev = xp.asarray(bounds.astype(np.int32))  # uploaded once, as the backend does per forward
+        rng = np.random.default_rng(500)
+        qkv_d, qkv = _up(xp, random(rng, (L, 3 * Q)), dtype)
+        result: dict[str, Any] = {}
+
+        def run() -> Any:
+            result["o"], result["lse"] = attention(qkv_d, bounds, H, hd, cu_seqlens_device=bounds_dev)
+
+        def check(go: Callable[[], Any]) -> tuple[float, float]:
+            go()
+            rows = sample_rows(L, 32)
+            want_o, want_lse = attention_want(qkv, rows, H, hd)
+            err_o = rel_err(_host(result["o"])[rows], want_o)
+            err_l = rel_err(_host(result["lse"])[rows], want_lse)
+            err = max(err_o, err_l) if math.isfinite(err_o + err_l) else float("nan")
+            return err, (TOL_BF16_OUT if dtype == "bfloat16" else TOL_FP32)
+
+        return KernelCase(
+            label,
+            "CUDA C",
+            dtype,
+            f"L={L} H={H} hd={hd}",
+            L,
+            4.0 * L * L * Q,
+            "TFLOP/s",
+            f"4·{L}²·{Q}",
+            run,
+            check,
+            ("attention", L, H, hd, dtype),
+        )
+
+    return build
+
+
 def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str, ...]) -> Iterator[tuple[str, Builder]]:
     """The CUDA C kernels through launcher module `k`: bf16 GEMM per shape, fp32 GEMM, attention
     bf16/fp32, rmsnorm fp32->bf16, rope bf16, pos_emb, merge fp32->bf16."""
@@ -380,104 +492,21 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
     shapes = gemm_shapes(c, L)
 
     def host(a: Any) -> np.ndarray:
-        a = a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
-        return bf16_bits_to_float32(a) if a.dtype == np.uint16 else a
+        return _host(a)
 
     def up(a: np.ndarray, dtype: str) -> tuple[Any, np.ndarray]:
-        """`a` on the device in `dtype` (bf16 = uint16 bits) and the values it holds (float32 host)."""
-        if dtype == "bfloat16":
-            return xp.asarray(float32_to_bf16_bits(a)), bf16_round(a)
-        return xp.array(a, dtype=np.float32, copy=True), a  # a copy: NumPy (the emulator) would alias
+        return _up(xp, a, dtype)
 
     def poison(shape: tuple[int, ...], dtype: str) -> Any:
-        if dtype == "bfloat16":
-            return xp.asarray(np.full(shape, 0x7FC0, np.uint16))
-        return xp.asarray(np.full(shape, np.nan, np.float32))
+        return _poison(xp, shape, dtype)
 
     gemm_list = [(name, "bfloat16") for name in gemm_names] + [("qkv", "float32")]
     for name, operands in gemm_list:
-        M, N, K, epi = shapes[name]
-        out_dtype = (
-            "float32"
-            if (operands == "float32" or epi == "residual" or name in ("patch_embed", "proj2"))
-            else ("bfloat16")
-        )
+        label = f"gemm_{'bf16' if operands == 'bfloat16' else 'fp32'} {name}"
+        yield f"cuda gemm {operands} {name}", _gemm_builder(k.gemm, xp, shapes[name], L, name, operands, label)
 
-        def build(M=M, N=N, K=K, epi=epi, name=name, operands=operands, out_dtype=out_dtype) -> KernelCase:
-            rng = np.random.default_rng(400)
-            a_d, a = up(random(rng, (M, K)), operands)
-            b_d, b = up(random(rng, (N, K), 1 / math.sqrt(K)), operands)
-            r = random(rng, (M, N), 2.0) if epi == "residual" else None
-            out = poison((M, N), out_dtype) if r is None else xp.array(r, copy=True)
-            res = out if r is not None else None
-
-            def run() -> Any:
-                return k.gemm(a_d, b_d, epilogue=epi, residual=res, out=out, out_dtype=out_dtype)
-
-            def check(go: Callable[[], Any]) -> tuple[float, float]:
-                out[...] = xp.asarray(r) if r is not None else poison((M, N), out_dtype)
-                go()
-                rows = sample_rows(M)
-                got = host(out)[rows]
-                want = gemm_want(a[rows], b, epi, None if r is None else r[rows])
-                tol = TOL_FP32 if operands == "float32" else (TOL_BF16_OUT if out_dtype == "bfloat16" else TOL_BF16_ACC)
-                return rel_err(got, want), tol
-
-            kind = "gemm_bf16" if operands == "bfloat16" else "gemm_fp32"
-            label = f"gemm_{'bf16' if operands == 'bfloat16' else 'fp32'} {name}"
-            dt = f"{operands}->{out_dtype}"
-            return KernelCase(
-                label,
-                "CUDA C",
-                dt,
-                f"{M}x{N}x{K}",
-                L,
-                2.0 * M * N * K,
-                "TFLOP/s",
-                f"2·{M}·{N}·{K}",
-                run,
-                check,
-                (kind, M, N, K),
-            )
-
-        yield f"cuda gemm {operands} {name}", build
-
-    bounds = np.array([0, L], dtype=np.int64)
-    bounds_dev = xp.asarray(bounds.astype(np.int32))  # uploaded once, as the backend does per forward
     for dtype in ("bfloat16", "float32"):
-
-        def build_attn(dtype=dtype) -> KernelCase:
-            rng = np.random.default_rng(500)
-            qkv_d, qkv = up(random(rng, (L, 3 * Q)), dtype)
-            result: dict[str, Any] = {}
-
-            def run() -> Any:
-                result["o"], result["lse"] = k.attention(qkv_d, bounds, H, hd, cu_seqlens_device=bounds_dev)
-
-            def check(go: Callable[[], Any]) -> tuple[float, float]:
-                go()
-                rows = sample_rows(L, 32)
-                want_o, want_lse = attention_want(qkv, rows, H, hd)
-                err_o = rel_err(host(result["o"])[rows], want_o)
-                err_l = rel_err(host(result["lse"])[rows], want_lse)
-                err = max(err_o, err_l) if math.isfinite(err_o + err_l) else float("nan")
-                return err, (TOL_BF16_OUT if dtype == "bfloat16" else TOL_FP32)
-
-            return KernelCase(
-                f"attention_{dtype}",
-                "CUDA C",
-                dtype,
-                f"L={L} H={H} hd={hd}",
-                L,
-                4.0 * L * L * Q,
-                "TFLOP/s",
-                f"4·{L}²·{Q}",
-                run,
-                check,
-                ("attention", L, H, hd, dtype),
-            )
-
-        yield f"cuda attention {dtype}", build_attn
+        yield f"cuda attention {dtype}", _attention_builder(k.attention, xp, L, H, hd, dtype, f"attention_{dtype}")
 
     def build_rmsnorm() -> KernelCase:
         rng = np.random.default_rng(600)
@@ -609,3 +638,28 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
         )
 
     yield "cuda merge", build_merge
+
+
+# ============================================================================ Hopper (sm_90a) kernels
+def hopper_cases(
+    hk: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str, ...], block_ns: tuple[int, ...] = (128, 256)
+) -> Iterator[tuple[str, Builder]]:
+    """The Hopper kernels through `hk` (hopper_launchers on a GPU, emulation.hopper on the CPU): bf16
+    gemm_bf16_sm90 per shape (K % 8 == 0 only) and tile width, then flash_attn_sm90 (head_dim <= 128),
+    checked like the mma.sync kernels and against the same baselines (cuBLAS, SDPA)."""
+    xp = hk.array_module()
+    L = int(np.sum(np.prod(grid, axis=1)))
+    H, hd = c.vt_num_attention_heads, c.head_dim
+    shapes = gemm_shapes(c, L)
+    for name in gemm_names:
+        if shapes[name][2] % 8:  # the tensor maps need 16-byte rows; the backend takes gemm_bf16_tc there
+            continue
+        for bn in block_ns:
+
+            def gemm(*args: Any, bn: int = bn, **kwargs: Any) -> Any:
+                return hk.gemm(*args, block_n=bn, **kwargs)
+
+            label = f"gemm_bf16_sm90 bn{bn} {name}"
+            yield f"hopper gemm bn{bn} {name}", _gemm_builder(gemm, xp, shapes[name], L, name, "bfloat16", label)
+    if hd % 8 == 0 and hd <= 128:
+        yield "hopper attention", _attention_builder(hk.attention, xp, L, H, hd, "bfloat16", "flash_attn_sm90")

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .baselines import Baselines
-from .kernels import Builder, KernelCase, cuda_cases, numba_cases
+from .kernels import Builder, KernelCase, cuda_cases, hopper_cases, numba_cases
 from .peaks import peak_for
 from .plan import Plan
 from .report import ERROR, FAIL, PASS, SKIP, Report
@@ -75,6 +80,60 @@ class _NotAsked(Exception):
     """A backend left out with --backends."""
 
 
+class HopperUnavailable(Exception):
+    """The Hopper kernels cannot be timed here (the message says why); a skip, not a failure."""
+
+
+HOPPER_ITEM = "Hopper kernels (gemm_bf16_sm90, flash_attn_sm90)"
+
+
+def hopper_skip_reason(capability: str | None) -> str | None:
+    """Why a device of compute capability `capability` ("90" for sm_90) cannot run the Hopper kernels, or None."""
+    if capability == "90":
+        return None
+    return f"the Hopper kernels need compute capability 9.0 (sm_90a code); this GPU is sm_{capability}"
+
+
+def hopper_preflight(head_dim: int, timeout_s: float = 240.0) -> dict:
+    """Run the Hopper kernels' first-use self-checks in a subprocess (`python -m
+    moonvit_kernels.cuda_backend.selfcheck`), so that a faulting kernel cannot spoil this process's CUDA
+    context; returns its JSON result. RuntimeError when the checks fail or the subprocess dies."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "moonvit_kernels.cuda_backend.selfcheck", "--head-dim", str(head_dim)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    lines = r.stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"self-check subprocess exited {r.returncode}: {' | '.join(tail)[:400]}") from None
+    if r.returncode != 0:
+        bad = {k: v.get("why") or f"rel err {v.get('error')}" for k, v in result.items() if not v.get("ok")}
+        raise RuntimeError(f"first-use self-check failed: {bad}")
+    return result
+
+
+def hopper_kernels_module(plan: Plan) -> Any:
+    """The Hopper kernels' launchers: the emulator (`emulation.hopper`) under --simulate; on a GPU,
+    `hopper_launchers` once their self-checks passed in a subprocess (HopperUnavailable on other GPUs)."""
+    if plan.simulate:
+        from ..cuda_backend.emulation import hopper
+
+        hopper.library()
+        return hopper
+    import cupy
+
+    reason = hopper_skip_reason(str(cupy.cuda.Device().compute_capability))
+    if reason:
+        raise HopperUnavailable(reason)
+    hopper_preflight(plan.kernel_config.head_dim)
+    from ..cuda_backend import hopper_launchers
+
+    return hopper_launchers
+
+
 def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
 
@@ -107,6 +166,20 @@ def run_kernels(plan: Plan, report: Report, budget: Budget, gpu: str | None) -> 
         report.verdict("kernels", "CUDA C kernels", SKIP, _short(e))
     except Exception as e:  # no sm_80, broken CuPy: the kernels cannot run, which is a failure on a GPU
         report.verdict("kernels", "CUDA C kernels", ERROR, _short(e))
+    if sources and sources[-1][0] == "CUDA C" and plan.hopper_gemm_shapes:
+        try:
+            hk = hopper_kernels_module(plan)
+            sources.append(
+                (
+                    "Hopper",
+                    cuda_where(plan, gpu),
+                    lambda g: hopper_cases(hk, c, g, plan.hopper_gemm_shapes, plan.hopper_block_ns),
+                )
+            )
+        except (HopperUnavailable, ImportError) as e:
+            report.verdict("kernels", HOPPER_ITEM, SKIP, str(e) if isinstance(e, HopperUnavailable) else _short(e))
+        except Exception as e:  # a failed self-check on an sm_90 GPU is a finding
+            report.verdict("kernels", HOPPER_ITEM, FAIL, _short(e))
 
     for grid_tuple in plan.kernel_grids:
         grid = np.array([grid_tuple], dtype=np.int64)
