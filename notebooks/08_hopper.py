@@ -126,6 +126,48 @@ show("ptx_sm90.cuh", '"}, %64, %65, p, 1, 1, 0, 0;', ': "+f"(d[0])')
 # operands are **K-major**, i.e. K is the contiguous dimension — `A[M, K]` and an `nn.Linear` weight
 # `B[N, K]` are stored that way, so no transposition is needed).
 #
+# Where do the results land? One wgmma m64n16k16 on the emulator, with A and B chosen so that
+# `D[m, n] = 64·m + n` (exact in bf16 and fp32: `A[m] = (m, 1, 0, …)`, `B[n] = (64, n, 0, …)`), both
+# placed in shared memory with the 128-byte swizzle of section 3; each thread's registers then say
+# which elements it holds. Warp `w` holds rows `16w…16w+15`; lane `l` holds rows `l/4` and `l/4 + 8`
+# of them, columns `2·(l%4)` and `+1` of every 8-column block — the same per-warp pattern as
+# `mma.sync`'s accumulator, repeated 4 warps down. The GEMM's epilogue and the attention kernel's
+# softmax index their registers exactly this way.
+
+# %%
+from moonvit_kernels.plots.hopper import accumulator_owners, plot_accumulator_owners
+
+
+def place_swizzled(image: np.ndarray, x: np.ndarray, offset: int) -> None:
+    """Store x [rows, 16] (float32, rounded to bf16) K-major with the 128-byte swizzle at `offset`."""
+    bits = float32_to_bf16_bits(x)
+    for r in range(x.shape[0]):
+        for k in range(x.shape[1]):
+            addr = offset + 128 * r + 16 * ((2 * k // 16) ^ (r % 8)) + (2 * k) % 16
+            image[addr : addr + 2] = np.frombuffer(bits[r, k].tobytes(), np.uint8)
+
+
+if HAVE_CXX:
+    n_acc = 16
+    a_codes = np.zeros((64, 16), np.float32)
+    a_codes[:, 0], a_codes[:, 1] = np.arange(64), 1
+    b_codes = np.zeros((n_acc, 16), np.float32)
+    b_codes[:, 0], b_codes[:, 1] = 64, np.arange(n_acc)
+    image = np.zeros(64 * 128 + n_acc * 128, np.uint8)
+    place_swizzled(image, a_codes, 0)
+    place_swizzled(image, b_codes, 64 * 128)
+    # descriptors as (offset in the image, LBO, SBO, swizzle span): 8-row groups 1024 bytes apart
+    acc, before_wait = hopper.wgmma_probe(image, n_acc, (0, 16, 1024, 128), (64 * 128, 16, 1024, 128))
+    thread, register = accumulator_owners(acc)
+    print(f"thread 5 holds {acc[5].astype(int).tolist()} = D[1, 2], D[1, 3], D[9, 2], D[9, 3], D[1, 10], ...")
+    print(f"before wgmma.wait_group the model's accumulators are NaN: {bool(np.isnan(before_wait).all())}")
+    fig = plot_accumulator_owners(thread, register)
+else:
+    fig = None
+    print("no C++ compiler: the wgmma model is not built")
+fig
+
+# %% [markdown]
 # ## 2. The matrix descriptor
 #
 # A descriptor tells the tensor cores where a 64×16 (or N×16) operand tile lies in shared memory and
@@ -406,7 +448,10 @@ else:
 # trusted mma.sync kernel the first time it is called, and if they disagree — or the new kernel
 # raises — it warns once, naming the kernel, and uses the trusted one for the rest of the process.
 # Here both sides run on the emulators; the emulator can plant a bug (`fault=1`: B's tensor map starts
-# 8 elements late) to show the fallback:
+# 8 elements late) to show the fallback. (Which calls go to the Hopper kernels at all is decided in
+# `cuda_backend/routing.py`: bf16 GEMMs with `K % 8 == 0` and 16-byte aligned operands, bf16 attention
+# with head dims up to 128, on compute capability 9.0 devices only; `hopper=False` or `MOONVIT_HOPPER=0`
+# turn them off.)
 
 # %%
 from moonvit_kernels.cuda_backend import selfcheck
@@ -432,6 +477,13 @@ if HAVE_CXX:
     print(f"planted fault: verified={bad.verified}; the warning:\n  {caught[0].category.__name__}: {caught[0].message}")
     assert bad.verified is False and issubclass(caught[0].category, selfcheck.SelfCheckWarning)
     np.testing.assert_array_equal(answer, emulation.gemm(a, b))  # the answer came from the trusted kernel
+
+    attn = selfcheck.FirstUseCheck(
+        "flash_attn_sm90", hopper.attention, emulation.attention, selfcheck.attention_probe(np, 64), rtol=1e-2
+    )
+    print(f"flash_attn_sm90 (hd 64, items of 70, 1 and 60 tokens): verified={attn.check()}, "
+          f"max relative difference {attn.error:.2g}")  # fmt: skip
+    assert attn.verified
 else:
     print("no C++ compiler: the emulators cannot run here")
 
@@ -472,8 +524,10 @@ try:
     display(Markdown("**Resources, compile-only (no GPU)**; occupancy on an H100/H200 SM, model\n\n" + markdown_table(
         ("kernel", "arch", "threads", "registers at entry", "spill st/ld B", "shared B static + dynamic",
          "blocks / SM", "limited by", "NVRTC"), res_rows)))  # fmt: skip
-except (RuntimeError, ImportError) as e:  # no cuda-bindings / NVRTC wheel
-    print(f"NVRTC is not available here ({e}); the X-ray needs `pip install -e .[compile]`")
+except (RuntimeError, ImportError) as e:  # no cuda-bindings / NVRTC wheel, or a build error
+    print(
+        f"NVRTC could not build the kernels here ({str(e).splitlines()[0]}); the X-ray needs `pip install -e .[compile]`"
+    )
 
 # %% [markdown]
 # The registers at entry of the wgmma kernel are what `__launch_bounds__(384, 1)` allows (168); the
