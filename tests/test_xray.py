@@ -239,6 +239,53 @@ extern "C" __global__ void dot_loop(const float* __restrict__ x, float* __restri
     assert 4 <= loop.size <= 8
 
 
+@pytest.mark.compile
+def test_hopper_kernels_in_the_xray(tmp_path, monkeypatch):
+    """The sm_90 report takes the sm_90a builds: resources from the cubin, the catalogue's model, and the
+    SASS counts that tell the generations apart (HGMMA / UTMALDG vs HMMA / LDGSTS)."""
+    import json
+
+    from moonvit_kernels.cuda_backend import nvrtc_check, sources
+    from moonvit_kernels.xray import build, report
+
+    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
+    spec = next(s for s in sources.specs_for("sm_90a") if s.label == "gemm_bf16_sm90_bn128_bf16_gelu_tanh")
+    ampere = next(s for s in sources.specs_for("sm_90") if s.label == "gemm_bf16_tc_bf16_gelu_tanh")
+    built = {"sm_90a": nvrtc_check.build_cubin(spec, "sm_90a"), "sm_90": nvrtc_check.build_cubin(ampere, "sm_90")}
+    calls = []
+
+    def fake_build(arch_name, head_dims, workers):
+        calls.append(arch_name)
+        cubin, rep = built.get(arch_name, (b"", None))
+        return [(nvrtc_check.cubin_filename(rep.spec, arch_name), cubin, rep)] if cubin else []
+
+    monkeypatch.setattr(nvrtc_check, "build_cubins", fake_build)
+    build._build_cuda_into("sm_80", tmp_path / "a", (128,))
+    build._build_cuda_into("sm_90", tmp_path / "b", (128,))
+    assert calls == ["sm_80", "sm_90", "sm_90a"]  # sm_90a beside sm_90 only
+    index = json.loads((tmp_path / "b" / "index.json").read_text())
+    bins = {b.label: b for b in (build.Binary(**d) for d in index)}
+    hop = bins[spec.label]
+    assert (hop.arch, hop.registers, hop.stack_bytes, hop.threads) == ("sm_90a", 168, 0, 384)
+    assert hop.dynamic_shared == sources.gemm_sm90_smem_bytes(128) and hop.static_shared == 0
+    info = catalogue.describe("cuda", hop.label, hop.threads, hop.dynamic_shared)
+    assert (info.family, info.version, info.peak, info.k3) == ("gemm", "CUDA sm90 wgmma", "bf16", True)
+    assert info.flops == 2.0 * catalogue.L * catalogue.MLP * catalogue.D  # fc0's shape
+    attn = catalogue.describe("cuda", "flash_attn_sm90_hd128", 256)
+    assert attn.family == "attention" and attn.flops > 0
+    if sass.nvdisasm_path() is None:
+        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
+    rows = {b.label: report._row(report.Report(), b, catalogue.describe("cuda", b.label, b.threads, b.dynamic_shared),
+                                 "sm_90", None, True) for b in bins.values()}  # fmt: skip
+    counts = {label: dict(kv.split("=") for kv in r.generation_ops.split()) for label, r in rows.items()}
+    h, a = counts[spec.label], counts[ampere.label]
+    assert int(h["HGMMA"]) > 0 and int(h["UTMALDG"]) > 0 and h["HMMA"] == h["LDGSTS"] == "0"
+    assert int(a["HMMA"]) > 0 and int(a["LDGSTS"]) > 0 and a["HGMMA"] == a["UTMALDG"] == "0"
+    hot = rows[spec.label]
+    assert "mma=" in hot.hot_loop_mix and hot.blocks_per_sm == 1  # the K loop, not the GELU epilogue
+    assert "Hopper vs Ampere ops" in report.markdown(report.Report(rows=list(rows.values())), ["sm_90"])
+
+
 def test_disassembly_errors_are_clear(monkeypatch):
     monkeypatch.setattr(sass, "nvdisasm_path", lambda: None)
     with pytest.raises(RuntimeError, match="nvidia-cuda-nvdisasm"):

@@ -2,7 +2,9 @@
 
 numba kernels: `numba_backend.compile_check.build_cubins(cc)` in a subprocess with the CUDA simulator
 off (numba can only compile for a GPU in a process where the simulator was never on).
-CUDA C kernels: `cuda_backend.nvrtc_check.build_cubins(arch, head_dims)` (NVRTC, in this process).
+CUDA C kernels: `cuda_backend.nvrtc_check.build_cubins(arch, head_dims)` (NVRTC, in this process); for
+sm_90 also the Hopper kernels, built for sm_90a (the code they run on an sm_90 device; their Binary's
+`arch` says sm_90a).
 Each build lands in `<cache>/<backend>.<arch>/` (cubins + `index.json`), keyed by a digest of the
 kernel sources, so a second report over unchanged sources costs nothing.
 
@@ -26,6 +28,7 @@ from .cubin import kernel_resources
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 BACKENDS = ("numba", "cuda")
 _ARCH_CC = {"sm_80": (8, 0), "sm_86": (8, 6), "sm_89": (8, 9), "sm_90": (9, 0)}
+HOPPER_ARCH = "sm_90a"
 
 
 @dataclass
@@ -122,19 +125,23 @@ def _build_cuda_into(arch: str, out: Path, head_dims: tuple[int, ...]) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     index = []
-    for filename, cubin, report in nvrtc_check.build_cubins(arch, head_dims, workers=min(2, os.cpu_count() or 1)):
+    workers = min(2, os.cpu_count() or 1)
+    built = nvrtc_check.build_cubins(arch, head_dims, workers=workers)
+    if arch == "sm_90":  # the sm_90a kernels run on sm_90 devices: they belong in its report
+        built += nvrtc_check.build_cubins(HOPPER_ARCH, head_dims, workers=workers)
+    for filename, cubin, report in built:
         if not cubin:
             continue
         path = out / filename
         path.write_bytes(cubin)
-        res = _resources(cubin, arch)
+        res = _resources(cubin, report.arch)
         info = report.info
         index.append(
             asdict(
                 Binary(
                     backend="cuda",
                     label=report.spec.label or filename.split(".")[0],
-                    arch=arch,
+                    arch=report.arch,
                     cubin_path=str(path),
                     registers=res.get("registers", info.registers if info else -1),
                     static_shared=res.get("static_shared", 0),

@@ -138,6 +138,16 @@ def _cuda(info: KernelInfo) -> None:
         info.family, info.version, info.specialisation = "gemm", "CUDA bf16 tc", f"out {m[1]}, {m[2]}"
         info.peak = "bf16"
         _gemm(info, m[2], 2, size[m[1]], 128, 128)
+    elif m := re.fullmatch(r"gemm_bf16_sm90_bn(\d+)_(f32|bf16)_(\w+)", label):
+        info.family, info.version, info.specialisation = "gemm", "CUDA sm90 wgmma", f"BN {m[1]}, out {m[2]}, {m[3]}"
+        info.peak = "bf16"
+        _gemm(info, m[3], 2, size[m[2]], 128, int(m[1]))
+    elif m := re.fullmatch(r"flash_attn_sm90_hd(\d+)", label):
+        hd = int(m[1])
+        info.family, info.version, info.specialisation, info.peak = "attention", "CUDA sm90 wgmma", f"hd{hd}", "bf16"
+        info.k3 = hd == HD
+        if info.k3:
+            _attention(info, 2, 64)
     elif m := re.fullmatch(r"gemm_fp32_simt_(\w+)", label):
         info.family, info.version, info.specialisation = "gemm", "CUDA fp32 simt", m[1]
         _gemm(info, m[1], 4, 4, 64, 64)

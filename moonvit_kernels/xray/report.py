@@ -51,6 +51,7 @@ class Row:
     hot_loop_fmas: int | None = None
     hot_loop_per_fma: float | None = None
     hot_loop_mix: str = ""
+    generation_ops: str = ""  # whole kernel: "HGMMA=.. UTMALDG=.. HMMA=.. LDGSTS=.." (Hopper vs Ampere instructions)
     worst_bank_conflict: float | None = None
     worst_coalescing: float | None = None
     traced: str = ""
@@ -177,6 +178,7 @@ def _row(
             fn = max(fns, key=lambda f: len(f.instructions))
             row.sass_instructions = sum(1 for i in fn.instructions if i.opcode != "NOP")
             row.innermost_loops = len(fn.innermost)
+            row.generation_ops = sass.generation_text(sass.generation_counts(fn))
             hot = fn.hot_loop
             if hot is not None:
                 row.hot_loop_instructions = hot.size
@@ -263,10 +265,11 @@ def markdown(report: Report, archs: Sequence[str]) -> str:
         )  # fmt: skip
         lines += ["", "### SASS: whole kernel and hot loop (the loop with the most FMAs outside its nested loops)", ""]
         lines += _table(
-            ("kernel", "arch", "instructions", "innermost loops", "hot loop instr", "FMA|MMA", "instr per FMA", "mix"),
+            ("kernel", "arch", "instructions", "innermost loops", "hot loop instr", "FMA|MMA", "instr per FMA", "mix",
+             "Hopper vs Ampere ops"),
             [
                 (r.kernel, r.arch, r.sass_instructions, r.innermost_loops, r.hot_loop_instructions, r.hot_loop_fmas,
-                 r.hot_loop_per_fma, r.hot_loop_mix)
+                 r.hot_loop_per_fma, r.hot_loop_mix, r.generation_ops)
                 for r in rows
             ],
         )  # fmt: skip

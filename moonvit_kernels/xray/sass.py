@@ -7,8 +7,12 @@ loop contains no other loop. A loop's own instructions are those of its body out
 nested in it (for an innermost loop: the whole body). The hot loop of a kernel is the loop with the
 most FMA-class instructions (FFMA, or HMMA / HGMMA for tensor-core kernels) among its own
 instructions — an innermost loop whenever the FMAs sit in one, else a main loop whose nested loops
-only stage data (the tensor-core kernels) — and its cost is instructions per FMA: its own
-instructions (NOPs excluded) divided by its own FMAs (by its MMAs when it has any).
+only stage data (the tensor-core kernels); a kernel with tensor-core MMAs in some loop takes the
+loop with the most MMAs (not an epilogue's GELU FFMAs) — and its cost is instructions per FMA: its
+own instructions (NOPs excluded) divided by its own FMAs (by its MMAs when it has any). One HGMMA
+(wgmma m64nNk16) does 64·N·16 multiply-adds, 32x-64x an HMMA's (m16n8k16), so compare that cost
+within one generation only; `generation_counts` counts the instructions that tell the generations
+apart (HGMMA / UTMALDG of the Hopper kernels vs HMMA / LDGSTS of the mma.sync ones).
 A fully unrolled `for` leaves no branch, so only loops that really iterate are found.
 """
 
@@ -137,7 +141,23 @@ class Function:
     def hot_loop(self) -> Loop | None:
         """The loop with the most own FMA-class instructions (None if no loop has any)."""
         candidates = [lp for lp in self.loops if lp.fmas]
-        return max(candidates, key=lambda lp: (lp.fmas, lp.innermost, -lp.start)) if candidates else None
+        key = lambda lp: (lp.mix["mma"], lp.fmas, lp.innermost, -lp.start)  # noqa: E731
+        return max(candidates, key=key) if candidates else None
+
+
+# Hopper (wgmma, tensor copies) vs Ampere (mma.sync, cp.async) instructions, in that order
+GENERATION_OPCODES = ("HGMMA", "UTMALDG", "HMMA", "LDGSTS")
+
+
+def generation_counts(fn: Function, opcodes: tuple[str, ...] = GENERATION_OPCODES) -> dict[str, int]:
+    """How many of each opcode in `opcodes` (default HGMMA, UTMALDG, HMMA, LDGSTS) the kernel's SASS holds."""
+    counts = Counter(i.opcode for i in fn.instructions)
+    return {op: counts.get(op, 0) for op in opcodes}
+
+
+def generation_text(counts: dict[str, int]) -> str:
+    """`"HGMMA=4 UTMALDG=2 HMMA=0 LDGSTS=0"`."""
+    return " ".join(f"{op}={n}" for op, n in counts.items())
 
 
 def categorize(opcode: str, modifiers: str = "", operands: str = "") -> str:
