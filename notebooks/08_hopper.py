@@ -18,9 +18,10 @@
 #
 # The tensor-core kernels of notebooks 01 and 04 (`gemm_bf16.cu`, `attention.cu`) use Ampere's
 # instructions: `mma.sync` on one warp's register fragments, fed by `ldmatrix` from shared memory,
-# which `cp.async` filled. They run on an H100/H200, but they cannot keep its tensor cores busy:
-# the kernels that reach cuBLAS there (CUTLASS 3, FlashAttention-3) use what Hopper (sm_90a) added.
-# This notebook is about those additions, as two kernels of this package use them:
+# which `cp.async` filled. They run on an H100/H200 too, but the kernels that reach cuBLAS there
+# (CUTLASS 3, FlashAttention-3) are built on what Hopper (sm_90a) added — by their authors' accounts,
+# `mma.sync` alone leaves much of Hopper's tensor-core rate unused; this project has not measured that
+# yet. This notebook is about those additions, as two kernels of this package use them:
 # `cuda_backend/gemm_bf16_sm90.cu` and `cuda_backend/flash_attn_sm90.cu`.
 #
 # | | Ampere (sm_80), `gemm_bf16.cu` | Hopper (sm_90a), `gemm_bf16_sm90.cu` |
@@ -75,7 +76,7 @@ if HAVE_CXX:
     print(f"CPU emulators ready in {time.perf_counter() - t0:.1f} s (CPU)")
 else:
     print("no C++ compiler (g++ >= 11) here: the emulator cells below say so and skip")
-print(f"numba kernels (exercises) run on: {where()}; the Hopper kernels on the CPU emulator; no GPU is used")
+print(f"numba kernels (the exercises) run on: {where()}; the Hopper kernels below run on the CPU emulator")
 
 
 def show(filename: str, start: str, end: str | None = None) -> None:
@@ -188,7 +189,8 @@ if HAVE_CXX:
     rows = []
     for kk in range(4):
         d = hopper.desc_encode(ring + 32 * kk, 16, 1024, 128)
-        rows.append((kk, f"{ring + 32 * kk:#07x}", f"{d:#018x}", *hopper.desc_decode(d).values()))
+        f = hopper.desc_decode(d)
+        rows.append((kk, f"{ring + 32 * kk:#07x}", f"{d:#018x}", f"{f['start']:#07x}", *list(f.values())[1:]))
     display(
         Markdown(
             markdown_table(("kk", "shared address", "descriptor", "start", "LBO", "SBO", "base off.", "mode"), rows)
@@ -304,8 +306,10 @@ else:
 # multiple of 16 bytes: 48 here — the reason the Hopper GEMM needs `K % 8 == 0`), a box of 8 rows × 16
 # columns at column 16, row 2, no swizzle. The bytes expected are the **whole box's**, including the
 # zero-filled part — exactly what the kernel passes to `arrive.expect_tx` for every stage, tails
-# included (a count of only the in-range bytes would never complete the phase: a deadlock, which
-# the emulator reports):
+# included. Announcing only the in-range bytes would be a bug: more bytes would complete than were
+# expected (undefined in the PTX ISA; the emulator's model aborts with "more transaction bytes"), and
+# the phase could complete before the box has landed. Announcing too many never completes the phase:
+# a deadlock, which the emulator also reports.
 
 # %%
 if HAVE_CXX:
@@ -368,9 +372,10 @@ show("flash_attn_sm90.cu", "// P (unnormalised), packed", "attn_sm90_pv<HDP>(o, 
 # ## 7. Both kernels on the CPU emulator, against NumPy
 #
 # The emulator compiles the two `.cu` files unchanged with g++, against models of wgmma (descriptor
-# decoding, swizzle modes, fence/commit/wait — it reports an accumulator read before its wait, or a
-# shared-memory write under a running wgmma), tensor maps and bulk copies (zero fill), mbarriers
-# (phases, tx counts, deadlocks) and setmaxnreg (the register pool). Every CUDA thread is a fiber.
+# decoding, swizzle modes, fence/commit/wait: accumulators read as NaN until the wait that retires
+# their group, and a copy or store into shared memory that a running wgmma reads is reported as a
+# race), tensor maps and bulk copies (zero fill), mbarriers (phases, tx counts, deadlocks) and
+# setmaxnreg (the register pool, checked). Every CUDA thread is a fiber; see `emulation/hopper.cuh`.
 #
 # GEMM at sizes with tails everywhere, compared with a float64 product of the **bf16-rounded** inputs,
 # so the bound covers fp32 accumulation (`8·eps·√K·(|A|·|B|ᵀ)`, as in notebook 01) plus the rounding
@@ -447,11 +452,14 @@ else:
 # (`gemm_probe`: 70×136×72 with an fp32 and a bf16-GELU output) through the new kernel and through the
 # trusted mma.sync kernel the first time it is called, and if they disagree — or the new kernel
 # raises — it warns once, naming the kernel, and uses the trusted one for the rest of the process.
-# Here both sides run on the emulators; the emulator can plant a bug (`fault=1`: B's tensor map starts
-# 8 elements late) to show the fallback. (Which calls go to the Hopper kernels at all is decided in
-# `cuda_backend/routing.py`: bf16 GEMMs with `K % 8 == 0` and 16-byte aligned operands, bf16 attention
-# with head dims up to 128, on compute capability 9.0 devices only; `hopper=False` or `MOONVIT_HOPPER=0`
-# turn them off.)
+# Here both sides run on the emulators, and the emulator can plant a bug to show the fallback
+# (`fault=1`: B's tensor map starts 8 elements late, so every element of B is off by 8 and the last
+# row reads 16 bytes past the end of B — the size of the error printed below changes from run to run,
+# the verdict does not).
+#
+# Which calls go to the Hopper kernels at all is decided in `cuda_backend/routing.py`: bf16 GEMMs with
+# `K % 8 == 0` and 16-byte aligned operands, bf16 attention with head dims up to 128, on compute
+# capability 9.0 devices only; `hopper=False` or `MOONVIT_HOPPER=0` turn them off.
 
 # %%
 from moonvit_kernels.cuda_backend import selfcheck
