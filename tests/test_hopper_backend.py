@@ -192,3 +192,21 @@ def test_environment_switch_turns_the_backend_off(monkeypatch):
     monkeypatch.setenv("MOONVIT_HOPPER", "0")
     backend = CupyBackend(config, random_weights(config, 5), "bfloat16", kernels=Sm90Emulation())
     assert backend.hopper is False and backend.describe()["hopper"] == "off (MOONVIT_HOPPER=0)"
+
+
+@needs_cxx
+def test_hopper_checks_cover_both_tile_widths_and_attention():
+    """The checks gpu_check runs in a subprocess, here on the emulators: all pass; with the planted
+    mismatch both GEMM widths fail, each named, and attention still passes."""
+    from moonvit_kernels.cuda_backend import emulation, selfcheck
+    from moonvit_kernels.cuda_backend.emulation import hopper
+
+    checks = selfcheck.hopper_checks(np, hopper, emulation, head_dim=24)
+    assert sorted(checks) == ["flash_attn_sm90", "gemm_bf16_sm90 bn128", "gemm_bf16_sm90 bn256"]
+    assert all(c.check() for c in checks.values()), {k: c.error for k, c in checks.items()}
+    bad = selfcheck.hopper_checks(np, FaultyHopper(), emulation, head_dim=24)
+    with pytest.warns(selfcheck.SelfCheckWarning) as caught:
+        verdicts = {k: c.check() for k, c in bad.items()}
+    assert verdicts == {"gemm_bf16_sm90 bn128": False, "gemm_bf16_sm90 bn256": False, "flash_attn_sm90": True}
+    names = sorted(str(w.message).split(":")[0] for w in caught)
+    assert names == ["gemm_bf16_sm90", "gemm_bf16_sm90 (BN 256)"]

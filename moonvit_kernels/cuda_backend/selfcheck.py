@@ -7,6 +7,10 @@ candidate raises) it warns once, naming the kernel and the error, and uses the t
 the rest of the process. Meant for the Hopper kernels (gemm_bf16_sm90, flash_attn_sm90) on sm_90
 devices, with the mma.sync kernels as the trusted side; `gemm_probe` and `attention_probe` are the
 small problems, for any array module `xp` (CuPy on a GPU, NumPy on the emulator).
+
+`python -m moonvit_kernels.cuda_backend.selfcheck` runs the Hopper kernels' checks (`hopper_checks`:
+GEMM at both tile widths, attention) on the current sm_90 GPU and prints the verdicts as JSON;
+gpu_check runs it in a subprocess before timing the Hopper kernels.
 """
 
 from __future__ import annotations
