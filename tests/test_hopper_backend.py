@@ -210,3 +210,43 @@ def test_hopper_checks_cover_both_tile_widths_and_attention():
     assert verdicts == {"gemm_bf16_sm90 bn128": False, "gemm_bf16_sm90 bn256": False, "flash_attn_sm90": True}
     names = sorted(str(w.message).split(":")[0] for w in caught)
     assert names == ["gemm_bf16_sm90", "gemm_bf16_sm90 (BN 256)"]
+
+
+def test_gpu_launchers_refuse_bad_arguments_before_the_gpu():
+    """hopper_launchers' host-side checks (run before CuPy is even imported): each names its problem."""
+    from moonvit_kernels.cuda_backend import hopper_launchers as hl
+
+    a, b = np.zeros((5, 24), np.uint16), np.zeros((7, 24), np.uint16)
+    ok = {"epilogue": "none", "residual": None, "out": None, "out_dtype": "float32", "block_n": 128}
+    hl.check_gemm_args(a, b, **ok)
+    cases = [
+        ((a.astype(np.float32), b), {}, "bf16 arrays"),
+        ((a, np.zeros((7, 16), np.uint16)), {}, "inner dimensions differ"),
+        ((np.zeros((5, 12), np.uint16), np.zeros((7, 12), np.uint16)), {}, "K % 8 == 0"),
+        ((a, b), {"epilogue": "relu"}, "unknown epilogue"),
+        ((a, b), {"block_n": 64}, "not 64"),
+        ((a, b), {"epilogue": "residual"}, "residual must be given"),
+        ((a, b), {"residual": np.zeros((5, 7), np.float32)}, "residual must be given"),
+        (
+            (a, b),
+            {"epilogue": "residual", "residual": np.zeros((5, 7), np.uint16)},
+            r"residual must be .*\[5, 7\] float32",
+        ),
+        ((a, b), {"out": np.zeros((7, 5), np.float32)}, r"out must be C-contiguous \[5, 7\]"),
+        ((a, b), {"out_dtype": "float16"}, "out_dtype"),
+    ]
+    for args, change, message in cases:
+        with pytest.raises(ValueError, match=message):
+            hl.check_gemm_args(*args, **{**ok, **change})
+    qkv = np.zeros((9, 3 * 2 * 16), np.uint16)
+    assert hl.check_attention_args(qkv, [0, 4, 9], 2, 16).tolist() == [0, 4, 9]
+    for args, message in [
+        ((qkv, [0, 9], 2, 12), "head dims"),
+        ((qkv, [0, 9], 2, 136), "head dims"),
+        ((qkv, [0, 9], 3, 16), "columns"),
+        ((qkv, [0, 8], 2, 16), "from 0 to L=9"),
+        ((qkv, [0, 5, 4, 9], 2, 16), "from 0 to L=9"),
+        ((qkv[:, ::2].copy().astype(np.float32), [0, 9], 1, 16), "bf16 arrays"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            hl.check_attention_args(*args)

@@ -99,15 +99,58 @@ def _check_bf16(*arrays: Any) -> None:
             raise ValueError("the Hopper kernels take C-contiguous bf16 arrays (uint16 bits)")
 
 
+def check_gemm_args(a: Any, b: Any, epilogue: str, residual: Any, out: Any, out_dtype: str, block_n: int) -> None:
+    """ValueError naming the problem unless gemm_bf16_sm90 can take these arguments: bf16 C-contiguous
+    a [M, K] and b [N, K] with K % 8 == 0, a known epilogue, residual [M, N] exactly when the epilogue
+    is "residual" (in the output dtype), out [M, N] float32 or bf16, block_n 128 or 256. Host-side
+    only (array attributes), so it runs before anything reaches the GPU."""
+    _check_bf16(a, b)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"gemm: a and b must be 2-D, got {a.shape} and {b.shape}")
+    (M, K), (N, Kb) = a.shape, b.shape
+    if Kb != K:
+        raise ValueError(f"gemm: inner dimensions differ (A has K={K}, B has K={Kb})")
+    if epilogue not in kcuda.EPILOGUES:
+        raise ValueError(f"unknown epilogue {epilogue!r}; choose from {', '.join(kcuda.EPILOGUES)}")
+    if block_n not in kcuda.HOPPER_GEMM_BLOCK_N:
+        raise ValueError(f"gemm_bf16_sm90 tiles are {kcuda.HOPPER_GEMM_BLOCK_N} columns wide, not {block_n}")
+    tensor_maps.gemm_operand_map(M, K)  # K % 8 == 0, non-empty
+    if out is not None:
+        if out.shape != (M, N) or out.dtype not in (np.float32, np.uint16) or not out.flags.c_contiguous:
+            raise ValueError(f"gemm: out must be C-contiguous [{M}, {N}] float32 or bf16, got {out.shape} {out.dtype}")
+        out_dtype = "float32" if out.dtype == np.float32 else "bfloat16"
+    if out_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"gemm: out_dtype must be 'float32' or 'bfloat16', got {out_dtype!r}")
+    if (epilogue == "residual") != (residual is not None):
+        raise ValueError(f"gemm: residual must be given exactly for the 'residual' epilogue (epilogue={epilogue!r})")
+    if residual is not None:
+        want = np.float32 if out_dtype == "float32" else np.uint16
+        if residual.shape != (M, N) or residual.dtype != want or not residual.flags.c_contiguous:
+            raise ValueError(f"gemm: residual must be C-contiguous [{M}, {N}] {out_dtype}, got {residual.shape}")
+
+
+def check_attention_args(qkv: Any, cu_seqlens: Any, num_heads: int, head_dim: int) -> np.ndarray:
+    """ValueError naming the problem unless flash_attn_sm90 can take these arguments: bf16 C-contiguous
+    qkv [L, 3·num_heads·head_dim], head_dim a multiple of 8 up to 128, cu_seqlens non-decreasing from
+    0 to L. Returns cu_seqlens as int32 (host)."""
+    _check_bf16(qkv)
+    if head_dim not in ATTENTION_HEAD_DIMS:
+        raise ValueError(f"flash_attn_sm90 supports head dims {ATTENTION_HEAD_DIMS[0]}..128 in steps of 8")
+    if qkv.ndim != 2 or qkv.shape[1] != 3 * num_heads * head_dim:
+        raise ValueError(f"qkv has shape {qkv.shape}; expected [L, {3 * num_heads * head_dim}] columns (3·H·hd)")
+    cu = np.asarray(cu_seqlens.get() if hasattr(cu_seqlens, "get") else cu_seqlens).astype(np.int64)
+    if cu.ndim != 1 or cu.size < 2 or cu[0] != 0 or cu[-1] != qkv.shape[0] or np.any(np.diff(cu) < 0):
+        raise ValueError(f"cu_seqlens must rise from 0 to L={qkv.shape[0]}, got {cu.tolist()[:8]}")
+    return cu.astype(np.int32)
+
+
 def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32", block_n: int = 128):
     """C = epilogue(a·bᵀ) by gemm_bf16_sm90 (bf16 a [M, K], b [N, K], K % 8 == 0); see launchers.gemm."""
+    check_gemm_args(a, b, epilogue, residual, out, out_dtype, block_n)
     import cupy as cp
 
-    _check_bf16(a, b)
     M, K = a.shape
     N = b.shape[0]
-    if b.shape[1] != K:
-        raise ValueError(f"gemm: inner dimensions differ (A has K={K}, B has K={b.shape[1]})")
     map_a = _map_arg(tensor_maps.gemm_operand_map(M, K), a.data.ptr)
     map_b = _map_arg(tensor_maps.gemm_operand_map(N, K, block_n), b.data.ptr)
     if out is None:
@@ -123,13 +166,10 @@ def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32",
 
 def attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
     """Packed non-causal attention by flash_attn_sm90 (bf16 qkv, head_dim % 8 == 0, <= 128); see launchers.attention."""
+    cu_host = check_attention_args(qkv, cu_seqlens, num_heads, head_dim)
     import cupy as cp
 
-    _check_bf16(qkv)
-    if head_dim not in ATTENTION_HEAD_DIMS:
-        raise ValueError(f"flash_attn_sm90 supports head dims {ATTENTION_HEAD_DIMS[0]}..128 in steps of 8")
     L = qkv.shape[0]
-    cu_host = np.asarray(cu_seqlens, dtype=np.int32)
     cu = cp.asarray(cu_host) if cu_seqlens_device is None else cu_seqlens_device
     sw, raw = (_map_arg(m, qkv.data.ptr) for m in tensor_maps.attention_qkv_maps(L, num_heads, head_dim))
     out = cp.empty((L, num_heads * head_dim), dtype=cp.uint16)
