@@ -5,7 +5,7 @@
 Writes DIR/xray.md (a table per kernel family), DIR/xray.csv (one row per kernel instantiation x
 architecture) and PNGs (a roofline per GPU, hot-loop instructions per FMA), and prints a one-screen
 summary. KERNEL filters by substring of the kernel label (gemm_v3, flash_attn, attention_v2_hd128...),
-family name (gemm, attention, rmsnorm, rope, merge, pos_emb) or a regular expression.
+family name (gemm, attention, rmsnorm, rope, merge, pos_emb, input_check) or a regular expression.
 Every number is a model without a GPU; `--measured results.csv` (from gpu_check) overlays measured
 points on the roofline.
 """

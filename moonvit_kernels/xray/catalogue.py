@@ -44,7 +44,7 @@ class KernelInfo:
 
     backend: str
     label: str
-    family: str  # gemm, attention, rmsnorm, rope, merge, pos_emb
+    family: str  # gemm, attention, rmsnorm, rope, merge, pos_emb, input_check
     version: str  # "v1", "v3", "bf16 tc", ...
     specialisation: str
     threads: int  # launch block size at K3
@@ -129,6 +129,11 @@ def _numba(info: KernelInfo) -> None:
     elif m := re.fullmatch(r"add_pos_emb_(\w+)", label):
         info.family, info.version, info.specialisation, info.threads = "pos_emb", "v1", m.group(1), 128
         _pos_emb(info, m.group(1))
+    elif label == "first_nonfinite_row_kernel":
+        info.family, info.version, info.specialisation, info.threads = "input_check", "v1", "", 256
+        info.flops, info.dram_bytes = 0.0, 4.0 * L * PATCH_K
+        info.request_bytes = info.dram_bytes
+        info.formula = "device pixel_values [L, 3·p·p] float32 read once; one int32 atomic on a bad value"
 
 
 def _cuda(info: KernelInfo) -> None:
