@@ -569,7 +569,7 @@ elif cubins:
         return str(ins).replace(".64 x", ".64x")
 
     funcs = {label: max(sass.disassemble(c), key=lambda f: len(f.instructions)) for label, c in cubins.items()}
-    counts = {label: {op: sum(i.opcode == op for i in f.instructions) for op in OPCODES} for label, f in funcs.items()}
+    counts = {label: sass.generation_counts(f, tuple(OPCODES)) for label, f in funcs.items()}
     display(Markdown("**SASS opcodes, whole kernel** (compile-only, no GPU)\n\n" + markdown_table(
         ("opcode", "PTX it comes from", *funcs), [(op, what, *(counts[lb][op] for lb in funcs)) for op, what in OPCODES.items()])))  # fmt: skip
     assert (
@@ -603,6 +603,8 @@ elif cubins:
 # - **BAR → SYNCS**: `__syncthreads` gives way to mbarrier operations (`SYNCS.ARRIVE…`,
 #   `SYNCS.PHASECHK` for the waits), and `WARPGROUP.ARRIVE` / `WARPGROUP.DEPBAR` are wgmma's fence and
 #   `wait_group`; `USETMAXREG` is setmaxnreg.
+# - The full X-ray report (`python -m moonvit_kernels.xray --arch sm_90`, notebook 07) lists these
+#   kernels too, as `gemm_bf16_sm90_bn128_f32_none` and friends, with a Hopper-vs-Ampere opcode count.
 # - The hot loop issues far more multiply-adds per instruction. That is a property of the binary, not a
 #   speed: whether the tensor cores are kept busy depends on the copy engine, the barriers and the
 #   memory system, which only a GPU measures (`gpu_check` times both generations against cuBLAS).
