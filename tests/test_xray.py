@@ -282,7 +282,8 @@ def test_hopper_kernels_in_the_xray(tmp_path, monkeypatch):
     assert int(h["HGMMA"]) > 0 and int(h["UTMALDG"]) > 0 and h["HMMA"] == h["LDGSTS"] == "0"
     assert int(a["HMMA"]) > 0 and int(a["LDGSTS"]) > 0 and a["HGMMA"] == a["UTMALDG"] == "0"
     hot = rows[spec.label]
-    assert "mma=" in hot.hot_loop_mix and hot.blocks_per_sm == 1  # the K loop, not the GELU epilogue
+    assert "mma=4" in hot.hot_loop_mix and hot.hot_loop_per_fma < 40  # the K loop (4 HGMMA), not the GELU epilogue
+    assert hot.blocks_per_sm == 1
     assert "Hopper vs Ampere ops" in report.markdown(report.Report(rows=list(rows.values())), ["sm_90"])
 
 

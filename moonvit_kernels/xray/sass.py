@@ -8,10 +8,10 @@ nested in it (for an innermost loop: the whole body). The hot loop of a kernel i
 most FMA-class instructions (FFMA, or HMMA / HGMMA for tensor-core kernels) among its own
 instructions — an innermost loop whenever the FMAs sit in one, else a main loop whose nested loops
 only stage data (the tensor-core kernels); a kernel with tensor-core MMAs in some loop takes the
-loop with the most MMAs (not an epilogue's GELU FFMAs) — and its cost is instructions per FMA: its
-own instructions (NOPs excluded) divided by its own FMAs (by its MMAs when it has any). One HGMMA
-(wgmma m64nNk16) does 64·N·16 multiply-adds, 32x-64x an HMMA's (m16n8k16), so compare that cost
-within one generation only; `generation_counts` counts the instructions that tell the generations
+loop with the most MMAs, an innermost one on a tie (not an epilogue's GELU FFMAs) — and its cost
+is instructions per FMA: its own instructions (NOPs excluded) divided by its own FMAs (by its MMAs
+when it has any). One HGMMA (wgmma m64nNk16) does 64·N·16 multiply-adds, 32x-64x an HMMA's
+(m16n8k16), so compare that cost within one generation only; `generation_counts` counts the instructions that tell the generations
 apart (HGMMA / UTMALDG of the Hopper kernels vs HMMA / LDGSTS of the mma.sync ones).
 A fully unrolled `for` leaves no branch, so only loops that really iterate are found.
 """
@@ -141,8 +141,12 @@ class Function:
     def hot_loop(self) -> Loop | None:
         """The loop with the most own FMA-class instructions (None if no loop has any)."""
         candidates = [lp for lp in self.loops if lp.fmas]
-        key = lambda lp: (lp.mix["mma"], lp.fmas, lp.innermost, -lp.start)  # noqa: E731
-        return max(candidates, key=key) if candidates else None
+        if not candidates:
+            return None
+        if any(lp.mix["mma"] for lp in candidates):  # tensor cores: the most MMAs, innermost first (not a
+            # loop holding a peeled MMA step and a GELU epilogue's FFMAs, as the sm90 GEMMs' tile loop does)
+            return max(candidates, key=lambda lp: (lp.mix["mma"], lp.innermost, lp.fmas, -lp.start))
+        return max(candidates, key=lambda lp: (lp.fmas, lp.innermost, -lp.start))
 
 
 # Hopper (wgmma, tensor copies) vs Ampere (mma.sync, cp.async) instructions, in that order
