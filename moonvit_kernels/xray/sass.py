@@ -11,8 +11,9 @@ only stage data (the tensor-core kernels); a kernel with tensor-core MMAs in som
 loop with the most MMAs, an innermost one on a tie (not an epilogue's GELU FFMAs) — and its cost
 is instructions per FMA: its own instructions (NOPs excluded) divided by its own FMAs (by its MMAs
 when it has any). One HGMMA (wgmma m64nNk16) does 64·N·16 multiply-adds, 32x-64x an HMMA's
-(m16n8k16), so compare that cost within one generation only; `generation_counts` counts the instructions that tell the generations
-apart (HGMMA / UTMALDG of the Hopper kernels vs HMMA / LDGSTS of the mma.sync ones).
+(m16n8k16), so compare that cost within one generation only; `generation_counts` counts the
+instructions that tell the generations apart (HGMMA / UTMALDG of the Hopper kernels vs HMMA /
+LDGSTS of the mma.sync ones).
 A fully unrolled `for` leaves no branch, so only loops that really iterate are found.
 """
 
