@@ -9,7 +9,7 @@ options and the same template instantiations:
 - `compile_options()` the NVRTC options (C++17, `-ftz=true` as CuPy adds it, the include directory for
   `cuda_bf16.h` of the CUDA major the NVRTC in use belongs to);
 - `kernel_specs(head_dims)` every kernel instantiation with its block size, dynamic shared memory
-  and the register bound the compile check asserts;
+  and the register bound the compile check asserts (`specs_for(arch)`: those built for one arch);
 - `OPTIN_SMEM_PER_BLOCK` / `SUPPORTED_HEAD_DIMS`: the shared memory a block may use per architecture
   and the attention head dims that fit it.
 

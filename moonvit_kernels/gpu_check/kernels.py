@@ -9,7 +9,9 @@ formula) and the baseline it is compared with (`baselines.Baselines`).
 
 `numba_cases` builds them for the numba.cuda kernels (device arrays; a GPU or the simulator),
 `cuda_cases` for the CUDA C kernels through a launcher module with the API of
-`cuda_backend.launchers` (CuPy on a GPU, `cuda_backend.emulation` on the CPU). Both yield
+`cuda_backend.launchers` (CuPy on a GPU, `cuda_backend.emulation` on the CPU), `hopper_cases` for
+the Hopper kernels (gemm_bf16_sm90 at both tile widths, flash_attn_sm90) through `hopper_launchers`
+(sm_90 GPUs) or `emulation.hopper`, with the same checks and baselines. All yield
 `(name, build)` pairs so that nothing is allocated before the section's budget allows it.
 """
 

@@ -2,9 +2,11 @@
 
 On a GPU the sizes are the real K3 ones (D = 1024, 12 heads of 128, I = 4096): kernels at
 L = 1024 and 4096 tokens (a 448² and an 896² image), the tower on a 448² image, an 896² image
-and a packed batch of 8 images of 448². Under `--simulate` everything runs on the CPU (numba's
-CUDA simulator, the CUDA C emulator), so the same pipeline runs on `VisionConfig.tiny()` and
-grids of a few patches; those numbers time the simulator, never a GPU.
+and a packed batch of 8 images of 448²; on an sm_90 GPU the Hopper kernels (gemm_bf16_sm90 at
+BN 128 and 256 on the encoder GEMMs, flash_attn_sm90) are timed beside the mma.sync ones.
+Under `--simulate` everything runs on the CPU (numba's CUDA simulator, the CUDA C emulator and its
+Hopper emulator), so the same pipeline runs on `VisionConfig.tiny()` and grids of a few patches;
+those numbers time the simulator, never a GPU.
 """
 
 from __future__ import annotations
