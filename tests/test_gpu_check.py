@@ -362,6 +362,13 @@ def test_hopper_preflight_failure_names_the_kernel(monkeypatch):
     with pytest.raises(RuntimeError, match="exited -6: an illegal memory access"):
         sections_mod.hopper_preflight(128)
 
+    def hangs(*args, timeout, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], timeout)
+
+    monkeypatch.setattr(sections_mod.subprocess, "run", hangs)
+    with pytest.raises(RuntimeError, match="still running after 12 s"):
+        sections_mod.hopper_preflight(128, timeout_s=12)
+
 
 @needs_sim
 @needs_emulator
@@ -379,7 +386,7 @@ def test_wrong_hopper_kernel_fails_its_rows(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sections_mod, "numba_cases", lambda *a, **k: iter(()))
     monkeypatch.setattr(sections_mod, "cuda_cases", lambda *a, **k: iter(()))
-    monkeypatch.setattr(sections_mod, "hopper_kernels_module", lambda plan: Faulty)
+    monkeypatch.setattr(sections_mod, "hopper_kernels_module", lambda plan, timeout_s: Faulty)
     status = run_mod.main(["--simulate", "--sections", "kernels", "--out", str(tmp_path)])
     assert status == 1
     rows = read_csv(tmp_path / "results.csv")

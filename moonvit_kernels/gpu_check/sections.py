@@ -94,15 +94,19 @@ def hopper_skip_reason(capability: str | None) -> str | None:
     return f"the Hopper kernels need compute capability 9.0 (sm_90a code); this GPU is sm_{capability}"
 
 
-def hopper_preflight(head_dim: int, timeout_s: float = 240.0) -> dict:
+def hopper_preflight(head_dim: int, timeout_s: float = 90.0) -> dict:
     """Run the Hopper kernels' first-use self-checks in a subprocess (`python -m
     moonvit_kernels.cuda_backend.selfcheck`), so that a faulting kernel cannot spoil this process's CUDA
-    context; returns its JSON result. RuntimeError when the checks fail or the subprocess dies."""
+    context, and a kernel that hangs (a barrier never completing) costs at most `timeout_s`; returns its JSON
+    result. RuntimeError when the checks fail, the subprocess dies or runs out of time."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "moonvit_kernels.cuda_backend.selfcheck", "--head-dim", str(head_dim)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"self-check subprocess still running after {timeout_s:.0f} s (a kernel hangs?)") from None
     lines = r.stdout.strip().splitlines()
     try:
         result = json.loads(lines[-1])
@@ -115,7 +119,7 @@ def hopper_preflight(head_dim: int, timeout_s: float = 240.0) -> dict:
     return result
 
 
-def hopper_kernels_module(plan: Plan) -> Any:
+def hopper_kernels_module(plan: Plan, timeout_s: float = 90.0) -> Any:
     """The Hopper kernels' launchers: the emulator (`emulation.hopper`) under --simulate; on a GPU,
     `hopper_launchers` once their self-checks passed in a subprocess (HopperUnavailable on other GPUs)."""
     if plan.simulate:
@@ -128,7 +132,7 @@ def hopper_kernels_module(plan: Plan) -> Any:
     reason = hopper_skip_reason(str(cupy.cuda.Device().compute_capability))
     if reason:
         raise HopperUnavailable(reason)
-    hopper_preflight(plan.kernel_config.head_dim)
+    hopper_preflight(plan.kernel_config.head_dim, timeout_s)
     from ..cuda_backend import hopper_launchers
 
     return hopper_launchers
@@ -168,7 +172,7 @@ def run_kernels(plan: Plan, report: Report, budget: Budget, gpu: str | None) -> 
         report.verdict("kernels", "CUDA C kernels", ERROR, _short(e))
     if sources and sources[-1][0] == "CUDA C" and plan.hopper_gemm_shapes:
         try:
-            hk = hopper_kernels_module(plan)
+            hk = hopper_kernels_module(plan, max(10.0, min(90.0, budget.left() / 2)))
             sources.append(
                 (
                     "Hopper",
