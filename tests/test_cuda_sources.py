@@ -107,3 +107,34 @@ def test_attention_that_does_not_fit_is_refused_with_the_limit():
     with pytest.raises(ValueError, match="multiple of 8 in 8..240"):
         kcuda.check_attention_fits(256, "bfloat16", 10**6, "a big GPU")
     assert kcuda.max_attention_head_dim("bfloat16", 1000) == 0
+
+
+def test_hopper_specs_build_for_sm90a_only():
+    """The sm_90a files are built for sm_90a and nothing else; the portable ones for every other arch."""
+    specs = kcuda.kernel_specs((128, 24, 240))
+    hopper = [s for s in specs if s.source in kcuda.HOPPER_SOURCES]
+    assert hopper == kcuda.specs_for("sm_90a", (128, 24, 240))
+    assert {s.source for s in kcuda.specs_for("sm_90", (128,))} == set(kcuda.PORTABLE_SOURCES)
+    assert not [s for s in specs if s.source in kcuda.HOPPER_SOURCES and s.builds_for("sm_90")]
+    assert kcuda.SOURCES == kcuda.PORTABLE_SOURCES + kcuda.HOPPER_SOURCES
+    # attention at the head dims it supports only (240 > 128), both GEMM widths for each launched pair
+    assert [s.label for s in hopper if s.source == "flash_attn_sm90.cu"] == [
+        "flash_attn_sm90_hd128",
+        "flash_attn_sm90_hd24",
+    ]
+    gemms = [s for s in hopper if s.source == "gemm_bf16_sm90.cu"]
+    assert len(gemms) == 2 * len(kcuda.HOPPER_GEMM_USES) and {s.threads for s in gemms} == {384}
+    for s in hopper:
+        assert s.archs == ("sm_90a",) and s.dynamic_smem <= kcuda.OPTIN_SMEM_PER_BLOCK["sm_90a"], s.label
+
+
+def test_hopper_catalogue_holds_what_the_backend_launches():
+    from moonvit_kernels.cuda_backend import hopper_launchers as hl
+
+    names = {s.name for s in kcuda.specs_for("sm_90a", (128,))}
+    for bn in (128, 256):  # CupyBackend.forward's (output, epilogue) pairs
+        for out, epi in [("float32", "none"), ("float32", "residual"), ("bfloat16", "none"),
+                         ("bfloat16", "gelu_tanh"), ("bfloat16", "gelu_erf")]:  # fmt: skip
+            assert hl.gemm_name(out, epi, bn) in names
+    assert hl.attention_name(128) in names
+    assert hl.gemm_smem_bytes(256) == kcuda.gemm_sm90_smem_bytes(256) == 4 * (128 + 256) * 128 + 64 + 1024
