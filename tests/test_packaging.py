@@ -43,6 +43,7 @@ IMPORT_TO_DIST = {
 # distributions used as programs or plugins, not imported: (file, text that shows the use)
 TOOLS = {
     "pytest-timeout": ("pyproject.toml", "--timeout="),
+    "pytest-xdist": ("pyproject.toml", "-n auto --dist loadscope"),
     "ruff": ("tests/test_style.py", 'shutil.which("ruff")'),
     "ipykernel": ("tests/test_notebooks.py", 'kernel_name="python3"'),
     "jupyterlab": ("CONTRIBUTING.md", "in Jupyter"),

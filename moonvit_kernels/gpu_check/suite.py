@@ -1,12 +1,13 @@
 """Section (a): the `gpu` tier of the test suite in a subprocess, with a time limit.
 
-`python -m pytest -m gpu -v -rs -p no:cacheprovider <files>` runs from the source tree (the
+`python -m pytest -o addopts= -m gpu -v -rs -p no:cacheprovider [--timeout] <files>` runs from the source tree (the
 folder holding `tests/`), its whole output goes to `pytest.log`, and the outcome of every test is
 counted from the `-v` lines, so a run stopped at the time limit still gives counts.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -58,7 +59,12 @@ def run_suite(report: Report, files: tuple[str, ...], limit_s: float, simulate: 
         report.add_row("tests", item="pytest -m gpu", check="not run", verdict=SKIP, note="pytest not installed")
         report.verdict("tests", "pytest -m gpu", SKIP, "pytest is not installed")
         return
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-rs", "-p", "no:cacheprovider", *files]
+    # The project's addopts (pytest-xdist workers, pytest-timeout) are replaced: one process owns the GPU,
+    # and a machine without those plugins still runs the tier.
+    cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-m", "gpu", "-v", "-rs", "-p", "no:cacheprovider"]
+    if importlib.util.find_spec("pytest_timeout") is not None:
+        cmd.append(f"--timeout={max(60, int(limit_s))}")
+    cmd += files
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("PYTHONUNBUFFERED", "1")
