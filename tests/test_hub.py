@@ -211,6 +211,7 @@ def test_fetch_over_http_reads_only_headers_and_vision_bytes(checkpoint, server,
     assert manifest["checkpoint_bytes"] == total > 2 * DECODER_BYTES
     assert server.bytes_served == manifest["bytes_read_this_run"] == expected_reads(checkpoint, manifest)
     assert server.bytes_served < total / 1000
+    print(f"\nfetch read {server.bytes_served:,} bytes over HTTP of a {total:,}-byte checkpoint")
     assert "model-00002-of-00003.safetensors" not in server.requested  # the decoder-only shard: untouched
     # bit for bit, original dtypes, and a checkpoint that loads
     assert raw_tensors(tmp_path / "v").keys() == raw_tensors(checkpoint).keys()
