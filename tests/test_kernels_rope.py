@@ -29,8 +29,10 @@ def expected(qkv: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("threads", [None, 32])
+@pytest.mark.parametrize("threads", [None, 32, 10, 72])
 def test_rope2d_matches_reference(threads):
+    """Blocks (24, 4), (24, 1), (10, 1): three passes over a head, the last one part idle, and
+    (24, 3): the second pass over the 4 q and k heads holds one head."""
     L = int(np.prod(GRID, axis=1).sum())
     qkv = qkv_data(L, seed=1)
     qkv_d = launch.to_device(qkv)
@@ -77,8 +79,18 @@ def test_launcher_rejects_bad_arguments():
         (dict(grid_thws=np.array([(1, 4, 6), (3, 2, 0)], np.int32)), ">= 1"),
         (dict(head_dim=22), "head_dim=22 must be a multiple of 4"),
         (dict(heads=0), "heads must be a positive integer"),
+        (dict(threads=7), "threads=7 is odd and below head_dim=24"),
+        (dict(threads=1025), "threads=1025 is more than a block can hold"),
     ]
     for changes, message in cases:
         kwargs = dict(qkv=qkv.copy(), grid_thws=grid, cu_seqlens=cu, heads=HEADS, head_dim=HD) | changes
         with pytest.raises(ValueError, match=message):
             R.rope2d(**kwargs)
+
+
+def test_block_shape_puts_a_head_along_x_and_heads_along_y():
+    assert R.block_shape(12, 128, 128) == (128, 1)  # K3: one head per pass, 24 passes
+    assert R.block_shape(2, 24, 128) == (24, 4)  # at most the 2·heads of q and k
+    assert R.block_shape(2, 24, 72) == (24, 3)
+    assert R.block_shape(2, 24, 10) == (10, 1)  # a head in three passes
+    assert R.block_shape(12, 128, 1024) == (128, 8)

@@ -5,15 +5,22 @@ Layout: `qkv [L, 3·Q]` row-major, column `s·Q + head·hd + d` with s = 0 (q), 
 packed media items (`launch.grid_table`, `launch.cu_seqlens_table`). v is never touched.
 
 One kernel, `rope2d_kernel`: one block per token. The block finds the token's item and its
-patch (row r, column c) within its frame (every frame of a video reuses the same 2D positions);
-each thread then takes one (s, head, i) with i < hd/4 and rotates two interleaved pairs
-(NOT rotate-half), with `f_i = 10000^(−4i/hd)` computed in float32 on the device:
+patch (row r, column c) within its frame (every frame of a video reuses the same 2D positions).
+Each value is rotated with the other value of its interleaved pair (NOT rotate-half), with
+`f_i = 10000^(−4i/hd)` computed in float32 on the device:
 
     dims (4i, 4i+1)   by angle c·f_i   (width)
     dims (4i+2, 4i+3) by angle r·f_i   (height)
     (a, b) -> (a·cos − b·sin, a·sin + b·cos)
 
-Column offset of that quad: `s·Q + head·hd + 4i = (s·H + head)·hd + 4i`.
+Threads map to single values, not pairs, so that a warp's loads and stores cover consecutive
+floats (4 sectors of 32 bytes per 32 lanes: fully coalesced). The block is 2D: `threadIdx.x` is the
+dim d within a head, `threadIdx.y` a head; the q and k heads are consecutive in a row of qkv,
+`s·Q + head·hd = (s·H + head)·hd`, so consecutive threads hold consecutive columns. The angle
+depends on d only, so a thread computes its cos and sin once and reuses them for every head. A
+thread writes its value in place but also reads its partner's (column `j ^ 1`), which the partner
+thread overwrites: a barrier between the reads and the writes of each pass keeps that race out
+(the launcher makes `blockDim.x` even so that a pair never straddles two passes).
 """
 
 from __future__ import annotations
@@ -26,7 +33,15 @@ from numba import cuda, float32
 
 from ..config import ROPE_MAX_SIDE, ROPE_THETA
 from .device_functions import find_item
-from .launch import check_array, check_launch, check_positive, copy_back, threads_for, to_device
+from .launch import (
+    MAX_THREADS_PER_BLOCK,
+    check_array,
+    check_launch,
+    check_positive,
+    copy_back,
+    threads_for,
+    to_device,
+)
 
 SIGNATURE = "void(float32[:, ::1], int32[:, ::1], int32[::1], int32, int32, int32, int32)"
 
@@ -48,20 +63,27 @@ def rope2d_kernel(qkv, grid_thws, cu_seqlens, n_items, L, heads, head_dim):
     row = float32(p // w)
     col = float32(p % w)
 
-    quads = head_dim // 4
-    for job in range(cuda.threadIdx.x, 2 * heads * quads, cuda.blockDim.x):
-        i = job % quads
-        base = (job // quads) * head_dim + 4 * i  # job // quads = s·H + head, s in {q, k}
+    for d0 in range(0, head_dim, cuda.blockDim.x):
+        d = d0 + cuda.threadIdx.x  # this thread's dim within a head
+        i = d // 4
         freq = _ONE / _THETA ** (float32(4 * i) / float32(head_dim))
-        for pair in range(2):
-            angle = (col if pair == 0 else row) * freq
-            cos = math.cos(angle)
-            sin = math.sin(angle)
-            j = base + 2 * pair
-            a = qkv[l, j]
-            b = qkv[l, j + 1]
-            qkv[l, j] = a * cos - b * sin
-            qkv[l, j + 1] = a * sin + b * cos
+        angle = (col if d % 4 < 2 else row) * freq  # dims 4i, 4i+1: width; 4i+2, 4i+3: height
+        cos = math.cos(angle)
+        sin = math.sin(angle)
+        if d % 2 == 0:  # first value of its pair: a·cos − b·sin (the second: b·cos + a·sin)
+            sin = -sin
+        for head0 in range(0, 2 * heads, cuda.blockDim.y):  # the same trip counts in every thread
+            head = head0 + cuda.threadIdx.y  # s·H + head: the q heads, then the k heads
+            j = head * head_dim + d  # column in qkv: consecutive threads, consecutive columns
+            active = d < head_dim and head < 2 * heads
+            value = float32(0.0)
+            if active:
+                mine = qkv[l, j]
+                partner = qkv[l, j ^ 1]  # the other value of the pair
+                value = mine * cos + partner * sin
+            cuda.syncthreads()  # every thread has read its pair before any value is overwritten
+            if active:
+                qkv[l, j] = value
 
 
 COMPILE_SIGNATURES = [(rope2d_kernel.py_func, SIGNATURE)]
@@ -81,6 +103,22 @@ def check_packed_tables(grid_thws: np.ndarray, cu_seqlens: np.ndarray, L: int) -
         raise ValueError(f"grid_thws covers {int(expected[-1])} tokens but qkv holds L = {L}")
 
 
+def block_shape(heads: int, head_dim: int, threads: int) -> tuple[int, int]:
+    """The 2D block of at most `threads` threads: (one thread per dim of a head, heads per pass).
+
+    x covers `min(head_dim, threads)` dims and must be even (a pair is rotated in one pass);
+    y takes as many heads as fit, at most the 2·heads of q and k.
+    """
+    if threads > MAX_THREADS_PER_BLOCK:
+        raise ValueError(f"threads={threads} is more than a block can hold ({MAX_THREADS_PER_BLOCK})")
+    x = min(head_dim, threads)
+    if x % 2:
+        raise ValueError(
+            f"threads={threads} is odd and below head_dim={head_dim}: a pass would split a pair; use an even count"
+        )
+    return x, max(1, min(threads // x, 2 * heads))
+
+
 def rope2d(
     qkv: Any,
     grid_thws: Any,
@@ -95,6 +133,7 @@ def rope2d(
     Arguments may be numba device arrays or NumPy arrays (copied to the device; a NumPy qkv is
     updated in place). NumPy tables are checked against each other and L; device tables only
     for dtype and shape (build them with `launch.grid_table` / `launch.cu_seqlens_table`).
+    `threads`: at most this many threads per block (default: up to 128), shaped by `block_shape`.
     """
     heads = check_positive("heads", heads)
     head_dim = check_positive("head_dim", head_dim)
@@ -106,11 +145,12 @@ def rope2d(
     if isinstance(grid_thws, np.ndarray) and isinstance(cu_seqlens, np.ndarray):
         check_packed_tables(grid_thws, cu_seqlens, L)
     if threads is None:
-        threads = threads_for(2 * heads * head_dim // 4, max_threads=128)
-    check_launch(rope2d_kernel, L, check_positive("threads", threads))
+        threads = threads_for(2 * heads * head_dim, max_threads=128)
+    block = block_shape(heads, head_dim, check_positive("threads", threads))
+    check_launch(rope2d_kernel, L, block)
 
     qkv_d = to_device(qkv)
-    rope2d_kernel[L, threads](
+    rope2d_kernel[L, block](
         qkv_d, to_device(grid_thws), to_device(cu_seqlens), *(np.int32(v) for v in (N, L, heads, head_dim))
     )
     copy_back(qkv, qkv_d)
