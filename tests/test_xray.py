@@ -491,6 +491,24 @@ def test_issue9_no_shared_access_worse_than_2_way(job_name):
     assert all(not math.isnan(s.factor) for s in result.sites)
 
 
+def test_numba_rope_qkv_loads_and_stores_are_fully_coalesced():
+    """Every warp request on qkv touches the fewest 32-byte sectors its bytes fit in (one thread per
+    value, consecutive threads on consecutive columns; one thread per 16-byte quad took 4x)."""
+    from numba import config
+
+    from moonvit_kernels.xray import jobs_numba
+
+    if not config.ENABLE_CUDASIM:
+        pytest.skip("address tracing runs under numba's CUDA simulator (a GPU is present)")
+    (job,) = [j for j in jobs_numba.jobs() if j.name == "rope"]
+    result = jobs_numba.run(job)
+    assert result.error is None, result.error
+    qkv = [s for s in result.sites if s.array == "qkv"]
+    assert sorted(s.kind for s in qkv) == ["LDG", "LDG", "STG"]  # the value, its pair partner; the value
+    for s in qkv:  # H=12, hd=128, 128 threads: 24 passes of 4 warps, each 32 floats = 4 sectors
+        assert (s.requests, s.per_request, s.factor, s.worst) == (96, 4.0, 1.0, 1.0), (s.where, s.code)
+
+
 # ============================================================================ CUDA C kernels on the emulator
 def test_ptx_standin_patch_finds_ldmatrix_and_cp_async():
     from moonvit_kernels.cuda_backend.emulation import HERE, tracing
