@@ -26,11 +26,17 @@ constexpr int CHUNKS = BK / 8;                       // 16-byte chunks per tile 
 
 // Stage rows [row0, row0 + 128) x columns [k0, k0 + 32) of src[rows, K] into dst[128][LDS],
 // writing zeros outside [0, rows) x [0, K).
+// Which lane copies which 16-byte chunk: a warp copies 8 rows x 4 chunks, and a 16-byte shared store is
+// served 8 lanes (a quarter-warp) at a time. Lanes take 8 consecutive rows of one chunk column: with the
+// 80-byte row stride, chunk kc/8 of row r starts at 16-byte bank group (5r + kc/8) % 8, different for
+// the 8 rows, so the store is conflict-free. (Row-major order, 2 rows x 4 chunks per quarter-warp, puts
+// row r+1's last chunk on the banks of row r's first: 2-way.) The warp still reads the same 8 row
+// pieces of 64 bytes from global memory, so its loads stay coalesced.
 __device__ __forceinline__ void gemm_bf16_load_tile(bf16 (*dst)[gemm_bf16_cfg::LDS], const bf16* __restrict__ src,
                                                     int rows, int row0, int K, int k0, int vec) {
   using namespace gemm_bf16_cfg;
   for (int c = threadIdx.x; c < BM * CHUNKS; c += THREADS) {
-    const int r = c / CHUNKS, kc = (c % CHUNKS) * 8;
+    const int r = c / (8 * CHUNKS) * 8 + c % 8, kc = (c / 8) % CHUNKS * 8;
     const int gr = row0 + r, gk = k0 + kc;
     if (vec) {  // K % 8 == 0: a chunk is either wholly inside or wholly outside
       const bool ok = gr < rows && gk < K;
