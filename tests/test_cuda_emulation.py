@@ -57,6 +57,45 @@ def test_gemm_fp32_simt(k, shape):
         check_gemm(k, *shape, "float32", "float32", epilogue, seed=i)
 
 
+# gemm_fp32.cu stores C (and reads the residual) as float4 runs when N % 4 == 0 and both are 16-byte
+# aligned: N = 68 is a partial 64-column tile, 37 rows a partial 64-row tile, K = 20 and 9 odd slabs.
+@pytest.mark.parametrize("shape", [(37, 68, 20), (3, 4, 9), (65, 132, 36)], ids=lambda s: "x".join(map(str, s)))
+def test_gemm_fp32_simt_float4_stores(k, shape):
+    for i, epilogue in enumerate(EPILOGUES):
+        check_gemm(k, *shape, "float32", "float32", epilogue, seed=10 + i)
+
+
+def _float32_at(shape: tuple[int, int], misalign: int, fill: np.ndarray | None = None) -> np.ndarray:
+    """A C-contiguous float32 array whose data starts `misalign` bytes past a 16-byte boundary (NaN or `fill`)."""
+    buf = np.empty(shape[0] * shape[1] + 4, np.float32)
+    skip = ((misalign - buf.ctypes.data) % 16) // 4
+    out = buf[skip : skip + shape[0] * shape[1]].reshape(shape)
+    out[...] = np.nan if fill is None else fill
+    assert out.ctypes.data % 16 == misalign and out.flags.c_contiguous
+    return out
+
+
+@pytest.mark.parametrize("out_misalign, res_misalign", [(4, 0), (0, 8), (12, 12)])
+@pytest.mark.parametrize("epilogue", ["none", "residual"])
+def test_gemm_fp32_simt_unaligned_output_falls_back(k, epilogue, out_misalign, res_misalign):
+    """N % 4 == 0 but C or R not 16-byte aligned (a view into a larger buffer): the float4 epilogue must
+    not be taken; the scalar stores give the same result, every element written."""
+    M, N, K = 37, 68, 20
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((M, K)).astype(np.float32) + 0.1
+    b = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    want = a.astype(np.float64) @ b.T.astype(np.float64)
+    out = _float32_at((M, N), out_misalign)
+    residual = None
+    if epilogue == "residual":
+        r = rng.standard_normal((M, N)).astype(np.float32) * 2
+        residual = _float32_at((M, N), res_misalign, r)
+        want = want + r
+    got = k.gemm(a, b, epilogue=epilogue, residual=residual, out=out)
+    assert got is out
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize(
     "head_dim, heads, lens",

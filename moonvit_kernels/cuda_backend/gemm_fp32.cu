@@ -6,7 +6,8 @@
 // Tiles are stored K-major in shared memory (As[k][m], Bs[k][n]) so the inner loop reads four
 // consecutive m (or n) with one 16-byte load; rows are padded by 4 floats to spread the
 // transposing stores over more banks. Out-of-range A/B elements load as zero, out-of-range C
-// elements are not stored. `vec` (K % 4 == 0, 16-byte aligned A and B) enables float4 loads.
+// elements are not stored. `vec` (K % 4 == 0, 16-byte aligned A and B) enables float4 loads;
+// C is stored (and R read) as float4 runs along n when N % 4 == 0 and C, R are 16-byte aligned.
 // Same epilogues as gemm_bf16.cu.
 #include "common.cuh"
 
@@ -69,16 +70,32 @@ __global__ void __launch_bounds__(gemm_fp32_cfg::THREADS)
     __syncthreads();
   }
 
+  // Epilogue. A warp is 16 (tx) x 2 (ty) threads and each thread owns 4 consecutive columns of a row,
+  // so one float4 per row makes the 16 lanes of a row cover 256 contiguous bytes: 16 sectors of 32 bytes
+  // for the warp's 512 bytes, the fewest possible. (Storing column j of every thread at once would put
+  // each lane's 4 bytes in its own sector: 4x the sectors for the same bytes.) The float4 path needs
+  // 16-byte aligned C and R rows: N % 4 == 0 (col is a multiple of 4, so col < N means col + 3 < N) and
+  // aligned base pointers; otherwise the scalar loop stores element by element, skipping columns >= N.
+  const bool vec_c = N % 4 == 0 && ((reinterpret_cast<size_t>(C) | reinterpret_cast<size_t>(R)) % 16) == 0;
+  const int col = n0 + tx * TN;
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
     const int row = m0 + ty * TM + i;
-    if (row >= M) continue;
+    if (row >= M || col >= N) continue;
+    const size_t idx = (size_t)row * N + col;
+    if (vec_c) {
+      float4 o = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+      if (EPI == EPI_RESIDUAL) {
+        const float4 r = *reinterpret_cast<const float4*>(R + idx);
+        o = make_float4(r.x + o.x, r.y + o.y, r.z + o.z, r.w + o.w);
+      } else {
+        o = make_float4(activate<EPI>(o.x), activate<EPI>(o.y), activate<EPI>(o.z), activate<EPI>(o.w));
+      }
+      *reinterpret_cast<float4*>(C + idx) = o;
+    } else {
 #pragma unroll
-    for (int j = 0; j < TN; ++j) {
-      const int col = n0 + tx * TN + j;
-      if (col >= N) continue;
-      const size_t idx = (size_t)row * N + col;
-      C[idx] = EPI == EPI_RESIDUAL ? R[idx] + acc[i][j] : activate<EPI>(acc[i][j]);
+      for (int j = 0; j < TN; ++j)
+        if (col + j < N) C[idx + j] = EPI == EPI_RESIDUAL ? R[idx + j] + acc[i][j] : activate<EPI>(acc[i][j]);
     }
   }
 }
