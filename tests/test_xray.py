@@ -543,3 +543,38 @@ def test_emulator_trace_of_the_fp32_gemm():
     loads = [s for s in sites if s.kind == "LDG" and s.array in ("A", "B")]
     assert loads and all(s.factor == 1 and s.per_request == 16 for s in loads)
     assert max(s.factor for s in sites if s.kind == "STS") <= 2
+    # the epilogue: each thread's 4 columns of a row as one float4, so a warp's 2 rows x 16 lanes x 16 bytes
+    # fill 16 whole sectors (scalar stores of one column at a time touched 4x the sectors)
+    (store,) = [s for s in sites if s.kind == "STG" and s.array == "C"]
+    (res,) = [s for s in sites if s.kind == "LDG" and s.array == "R"]
+    for s in (store, res):
+        assert (s.per_request, s.factor, s.worst) == (16, 1, 1), s
+        assert "float4" in s.code and s.where.startswith("gemm_fp32.cu:"), s
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_emulator_trace_of_the_bf16_gemm():
+    """The CUDA C tensor-core GEMM traced on the emulator: the cp.async copies into the padded shared tiles
+    are conflict-free (a quarter-warp stores 8 rows of one 16-byte chunk column: 4 wavefronts per
+    request), the ldmatrix reads too, the global loads and the paired C stores coalesced."""
+    from moonvit_kernels.cuda_backend.emulation import compiler
+    from moonvit_kernels.xray import emulator_trace
+
+    if compiler() is None:
+        pytest.skip("no C++ compiler for the emulator")
+    (job,) = [j for j in emulator_trace.jobs() if j.name == "gemm_bf16_tc"]
+    sites = trace.merge_sites(trace.analyse(job.run()))
+    copies = {s.array: s for s in sites if s.kind == "STS"}
+    reads = {s.array: s for s in sites if s.kind == "LDS"}
+    assert set(copies) == set(reads) == {"As", "Bs"}
+    for s in copies.values():
+        assert (s.per_request, s.factor, s.worst) == (4, 1, 1), s
+        assert "cp_async_16" in s.code and s.where.startswith("gemm_bf16.cu:"), s
+    for s in reads.values():
+        assert (s.per_request, s.factor, s.worst) == (4, 1, 1), s
+        assert "ldmatrix_x4" in s.code, s
+    loads = [s for s in sites if s.kind == "LDG" and s.array in ("A", "B")]
+    assert loads and all((s.per_request, s.factor) == (16, 1) for s in loads)
+    (store,) = [s for s in sites if s.kind == "STG" and s.array == "C"]
+    assert (store.per_request, store.factor) == (8, 1), store
