@@ -209,6 +209,36 @@ def test_loop_finder_on_a_listing_with_nested_loops():
     assert fn.mix["fma"] == 3 and sum(fn.mix.values()) == 13  # the NOP is not counted
 
 
+# nvdisasm lines of this project's sm_90a / sm_90 cubins (the SYNCS .RED form from a cluster kernel)
+REAL_SASS = """
+        .section        .text.k,"ax",@progbits
+k:
+        /*07e0*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR12], R24 ;
+        /*2750*/                   HGMMA.64x128x16.F32.BF16 R24, R100, gdesc[UR12], R24, gsb0 ;
+        /*3f80*/                   HMMA.16816.F32.BF16 R28, R40.reuse, R152, RZ ;
+        /*1f10*/                   LDSM.16.M88.4 R44, [R9+0x20] ;
+        /*12f70*/                  UTMALDG.2D [UR12], [UR20] ;
+        /*2770*/              @!P0 SYNCS.ARRIVE.TRANS64.RED.A1T0 RZ, [UR7], RZ ;
+"""
+
+
+def test_sass_parser_keeps_modifiers_with_lowercase_letters_whole():
+    (fn,) = sass.parse(REAL_SASS)
+    got = [(i.predicate, i.opcode, i.modifiers, i.operands.strip()) for i in fn.instructions]
+    assert got == [
+        ("", "HGMMA", ".64x128x16.F32.BF16", "R24, gdesc[UR12], R24"),
+        ("", "HGMMA", ".64x128x16.F32.BF16", "R24, R100, gdesc[UR12], R24, gsb0"),
+        ("", "HMMA", ".16816.F32.BF16", "R28, R40.reuse, R152, RZ"),
+        ("", "LDSM", ".16.M88.4", "R44, [R9+0x20]"),
+        ("", "UTMALDG", ".2D", "[UR12], [UR20]"),
+        ("@!P0", "SYNCS", ".ARRIVE.TRANS64.RED.A1T0", "RZ, [UR7], RZ"),
+    ]
+    assert str(fn.instructions[1]) == "HGMMA.64x128x16.F32.BF16 R24, R100, gdesc[UR12], R24, gsb0"
+    assert str(fn.instructions[5]) == "@!P0 SYNCS.ARRIVE.TRANS64.RED.A1T0 RZ, [UR7], RZ"
+    assert [i.category for i in fn.instructions] == ["mma", "mma", "mma", "lds", "ldg", "bar"]
+    assert [i.address for i in fn.instructions] == [0x7E0, 0x2750, 0x3F80, 0x1F10, 0x12F70, 0x2770]
+
+
 @pytest.mark.compile
 def test_loop_finder_on_a_compiled_kernel():
     from moonvit_kernels.cuda_backend import nvrtc_check

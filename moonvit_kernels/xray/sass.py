@@ -59,7 +59,9 @@ _INT = {
 }  # fmt: skip
 _CONTROL = {"BRA", "BRX", "BSSY", "BSYNC", "EXIT", "RET", "CALL", "JMP", "WARPSYNC", "YIELD", "BPT", "KILL"}
 
-_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)([^;]*);")
+# Modifiers may hold lowercase letters (the wgmma shape of `HGMMA.64x128x16.F32.BF16`): a modifier runs
+# from its dot to the next dot or space.
+_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Za-z0-9_]+)*)([^;]*);")
 _LABEL = re.compile(r"^\s*(\.L_\w+):")
 _SECTION = re.compile(r"^\s*\.section\s+\.text\.(\S+?),")
 _TARGET = re.compile(r"`\(?(\.L_\w+)\)?")
