@@ -563,11 +563,6 @@ OPCODES = {
 if cubins and sass.nvdisasm_path() is None:
     print("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm): no SASS here")
 elif cubins:
-
-    def sass_text(ins: sass.Instruction) -> str:
-        """The instruction as nvdisasm prints it (the parser splits `HGMMA.64x128x16` at its lowercase x)."""
-        return str(ins).replace(".64 x", ".64x")
-
     funcs = {label: max(sass.disassemble(c), key=lambda f: len(f.instructions)) for label, c in cubins.items()}
     counts = {label: sass.generation_counts(f, tuple(OPCODES)) for label, f in funcs.items()}
     display(Markdown("**SASS opcodes, whole kernel** (compile-only, no GPU)\n\n" + markdown_table(
@@ -581,7 +576,7 @@ elif cubins:
         macs = {"HMMA": 16 * 8 * 16, "HGMMA": 64 * 128 * 16 / 4}  # per warp: a wgmma's work is shared by 4 warps
         mma_ops = [i for i in hot.own if i.opcode in macs]
         per_warp = sum(macs[i.opcode] for i in mma_ops)
-        loop_rows.append((label, hot.size, len(mma_ops), sass_text(mma_ops[0]).split()[0],
+        loop_rows.append((label, hot.size, len(mma_ops), str(mma_ops[0]).split()[0],
                           int(per_warp), round(per_warp / hot.size)))  # fmt: skip
     display(Markdown("**Hot loop (the loop holding the MMAs), per warp** (compile-only, no GPU)\n\n" + markdown_table(
         ("kernel", "instructions", "MMA instructions", "MMA form", "multiply-adds", "multiply-adds / instruction"), loop_rows)))  # fmt: skip
@@ -589,7 +584,7 @@ elif cubins:
     print("wgmma kernel, consumer hot loop (MMAs and synchronisation; integer and uniform-datapath work left out):")
     for ins in hot.own:
         if ins.category in ("mma", "bar", "other"):
-            print(f"  {ins.address:05x}  {sass_text(ins)}")
+            print(f"  {ins.address:05x}  {ins}")
 
 # %% [markdown]
 # What the SASS says:
