@@ -123,11 +123,41 @@ print(inspect.getsource(reference.rope_angles_packed))
 #
 # It rotates q and k **in place** inside the packed `qkv [L, 3·Q]` buffer that the `wqkv` GEMM wrote
 # (column `s·Q + head·hd + d`, s = q, k, v), so no copy of q and k is made. One block per token: the
-# block finds the token's media item from `cu_seqlens`, its row and column within its frame, then each
-# thread rotates one `(s, head, i)` quad — the width pair and the height pair:
+# block finds the token's media item from `cu_seqlens`, its row and column within its frame. Then each
+# thread owns **one value**, not a pair or a quad:
+#
+# - the block is 2D, `(head_dim, heads per pass)`: thread `(x, y)` holds dim `x` of head `y`. The q heads
+#   and then the k heads sit side by side in a row of qkv (`s·Q + head·hd = (s·H + head)·hd`), so
+#   consecutive threads hold consecutive columns and a warp's load or store covers 32 consecutive floats:
+#   4 sectors of 32 bytes, the fewest possible (fully coalesced);
+# - the angle depends on the dim only, so a thread computes its `cos` and `sin` once and reuses them for
+#   every head;
+# - a value's new value needs the other value of its pair (column `j ^ 1`), which another thread
+#   overwrites in place: every thread reads both, then `cuda.syncthreads()`, then writes — without the
+#   barrier a thread could read a partner already rotated. The launcher keeps `blockDim.x` even, so a pair
+#   is never split between two passes.
 
 # %%
 print(inspect.getsource(rope_module.rope2d_kernel.py_func))
+
+# %% [markdown]
+# **Is it coalesced?** The X-ray of notebook 07 runs the kernel on the CUDA simulator, records the address
+# every thread touches and counts, per warp request, the 32-byte sectors it needs against the fewest its
+# bytes fit in (model, no GPU). One token of K3 (12 heads of `hd = 128`, 128 threads); the earlier version
+# of this kernel, one thread per quad with 4-byte loads 16 bytes apart, needed 16 sectors for every 4.
+
+# %%
+from moonvit_kernels.xray import jobs_numba
+
+if simulator_enabled():
+    (rope_job,) = [j for j in jobs_numba.jobs() if j.name == "rope"]
+    traced = [s for s in jobs_numba.run(rope_job).sites if s.array == "qkv"]
+    display(Markdown(markdown_table(
+        ["code", "op", "warp requests", "sectors per request", "ideal"],
+        [(f"`{s.code}`", s.kind, s.requests, f"{s.per_request:.0f}", f"{s.ideal / s.requests:.0f}") for s in traced])))  # fmt: skip
+    assert traced and all(s.factor == 1 for s in traced)
+else:
+    print("address tracing runs on the CUDA simulator only (a GPU is in use here)")
 
 # %% [markdown]
 # ## Check against NumPy
@@ -173,10 +203,12 @@ print("frame 0 and frame 1 rotated identically")
 # %% [markdown]
 # ## The CUDA C kernel: `cuda_backend/rope.cu`
 #
-# The CuPy backend's version changes two things: the frequencies `f_i` come precomputed (`freqs [hd/4]`,
-# fp32, so no `pow` per thread), and each thread loads its 4 dims as one 16-byte `float4` and computes
-# both angles with `sincosf`. Token positions come from a `token_pos [L, 4]` table (item, frame, row,
-# col) instead of a search through `cu_seqlens`. Run on the CPU emulator against the same reference:
+# The CuPy backend's version is organised differently: the frequencies `f_i` come precomputed
+# (`freqs [hd/4]`, fp32, so no `pow` per thread), and each thread owns a quad `(s, head, i)`: it loads its
+# 4 dims as one 16-byte `float4` (a warp reads 512 consecutive bytes, again the fewest sectors) and
+# computes both angles with `sincosf`, so no partner value and no barrier are needed. Token positions come
+# from a `token_pos [L, 4]` table (item, frame, row, col) instead of a search through `cu_seqlens`. Run on
+# the CPU emulator against the same reference:
 
 # %%
 from moonvit_kernels.cuda_backend import emulation
@@ -205,11 +237,13 @@ else:
 # %% [markdown]
 # ## Table or recompute? cos/sin of the angles
 #
-# Both kernels recompute `cos` and `sin` for every (token, q/k, head, frequency): the angle depends only on
-# the token's row or column and on `i`, so the same values are computed `2·H = 24` times per token in K3.
-# The alternative is a table `cos/sin[position, i]` for positions `0 … 511` (RoPE's grid limit), computed
-# once (even in float64) and read by every head. Cost and accuracy, for K3 (`hd = 128`, 12 heads) at the
-# largest grid, 512 patches wide:
+# The angle depends only on the token's row or column and on `i`. The CUDA C kernel recomputes `cos` and
+# `sin` for every (token, q/k, head, frequency), so the same values are computed `2·H = 24` times per token
+# in K3; the numba kernel computes them once per (token, dim) and reuses them for every head (`hd` per
+# token, each pair's two threads computing the same angle). The alternative is a table
+# `cos/sin[position, i]` for positions `0 … 511` (RoPE's grid limit), computed once (even in float64) and
+# read by every head. Cost and accuracy, for K3 (`hd = 128`, 12 heads) at the largest grid, 512 patches
+# wide:
 
 # %%
 H3, hd3, side = 12, 128, 512
@@ -222,10 +256,12 @@ table = np.cos(exact).astype(np.float32)  # float64 table rounded once to fp32
 table_err = np.abs(table - np.cos(exact)).max()
 tokens = side * side
 sincos_recompute = tokens * 2 * H3 * (hd3 // 4) * 2  # per (token, q/k, head, i): a width and a height sincos
+sincos_per_dim = tokens * hd3  # numba: one sincos per (token, dim), shared by the 2·H heads
 sincos_table = side * (hd3 // 4)  # one table of (cos, sin) for positions 0..511, shared by rows and columns
 table_bytes = side * (hd3 // 4) * 2 * 4
 rows = [
-    ["recompute (fp32 angle, fp32 sincos)", f"{sincos_recompute:,} sincos", f"{recompute_err:.1e}", "none"],
+    ["recompute per head (rope.cu)", f"{sincos_recompute:,} sincos", f"{recompute_err:.1e}", "none"],
+    ["recompute per dim (numba rope.py)", f"{sincos_per_dim:,} sincos", f"{recompute_err:.1e}", "none"],
     [
         "table (float64, rounded to fp32)",
         f"{sincos_table:,} sincos, once",
