@@ -373,8 +373,11 @@ error_heatmap(buggy, want, bound=bound2, title="grid sized N // 16, M // 16 (flo
 # **fp32 SIMT (`gemm_fp32.cu`)** is numba v3 in C: a 64×64 block tile, 4×4 outputs per thread, 16-deep
 # slabs stored K-major — plus two things numba cannot express: `float4` loads (four floats in one
 # 16-byte instruction when `K % 4 == 0`) and a padded shared row (`LDS = BM + 4`) so the transposed
-# stores of the tile loader spread over the banks. Its ceiling is the fp32 CUDA-core peak (≈ 67 TFLOP/s on
-# an H200, datasheet).
+# stores of the tile loader spread over the banks. The epilogue writes each thread's 4 columns of a row
+# as one `float4` too: a warp's 16 lanes then cover 256 contiguous bytes of a row, the fewest 32-byte
+# sectors possible, where storing one column at a time touched 4× as many (`N % 4 != 0` or an unaligned
+# output falls back to scalar stores). Its ceiling is the fp32 CUDA-core peak (≈ 67 TFLOP/s on an H200,
+# datasheet).
 
 # %%
 from moonvit_kernels.cuda_backend.sources import load_source
@@ -396,7 +399,10 @@ print(fp32_src[fp32_src.index("namespace gemm_fp32_cfg") :])
 #   **double buffering** (`As[2]`, `Bs[2]`) lets tile `k+1` be in flight while tile `k` is multiplied:
 #   `cp_async_wait<1>` waits for all but the newest group.
 # - **padding**: shared rows of 40 bf16 (80 bytes) instead of 32, so the 8 row addresses one `ldmatrix`
-#   phase reads fall in 8 different 16-byte bank groups — no bank conflicts.
+#   phase reads fall in 8 different 16-byte bank groups — no bank conflicts. The `cp.async` copies are
+#   ordered to match: the 8 lanes of a quarter-warp copy 8 consecutive rows of one 16-byte chunk column
+#   (not 2 rows × 4 chunks, which would put two chunks on the same banks), so the stores into shared
+#   memory are conflict-free as well.
 #
 # The PTX wrappers (`ptx.cuh`) and the kernel:
 
