@@ -329,7 +329,7 @@ def gemm(
         kernel, spec = _kernel(dev, "gemm_bf16.cu", kcuda.gemm_bf16_name(out_dtype, epilogue))
         vec = K % 8 == 0 and _aligned(a, b)
         grid = (_grid(-(-N // 128), "gemm N tiles", 2**31 - 1), _grid(-(-M // 128), "gemm M tiles"))
-    else:  # a and b: float4 loads when aligned, else scalar; C stored element by element
+    else:  # a and b: float4 loads when aligned, else scalar; C as float4 when N % 4 == 0 and aligned (kernel checks)
         kernel, spec = _kernel(dev, "gemm_fp32.cu", kcuda.gemm_fp32_name(epilogue))
         vec = K % 4 == 0 and _aligned(a, b)
         grid = (_grid(-(-N // 64), "gemm N tiles", 2**31 - 1), _grid(-(-M // 64), "gemm M tiles"))
