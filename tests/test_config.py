@@ -12,7 +12,7 @@ from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.weights import parameter_count
 
 # docs/model.md, "Configuration", copied as written there.
-SPEC_VISION_CONFIG = {
+K3_VISION_CONFIG = {
     "patch_size": 14,
     "init_pos_emb_height": 64,
     "init_pos_emb_width": 64,
@@ -46,14 +46,14 @@ WHOLE_CONFIG = {
     "architectures": ["KimiK3ForConditionalGeneration"],
     "model_type": "kimi_k3",
     "text_config": {"hidden_size": 7168, "num_hidden_layers": 61, "vocab_size": 163840},
-    "vision_config": {**SPEC_VISION_CONFIG, **UNKNOWN_KEYS},
+    "vision_config": {**K3_VISION_CONFIG, **UNKNOWN_KEYS},
     "media_placeholder_token_id": 163605,
 }
 
 
 def test_k3_values_match_spec():
     c = VisionConfig.k3()
-    for key, value in SPEC_VISION_CONFIG.items():
+    for key, value in K3_VISION_CONFIG.items():
         got = getattr(c, key)
         assert (list(got) if key == "merge_kernel_size" else got) == value, key
     assert c.head_dim == 128
@@ -79,13 +79,13 @@ def test_tiny_keeps_k3_structure():
 
 
 def test_from_dict_vision_config_with_unknown_keys():
-    assert VisionConfig.from_dict({**SPEC_VISION_CONFIG, **UNKNOWN_KEYS}) == VisionConfig.k3()
+    assert VisionConfig.from_dict({**K3_VISION_CONFIG, **UNKNOWN_KEYS}) == VisionConfig.k3()
 
 
 def test_from_dict_whole_config_json():
     assert VisionConfig.from_dict(WHOLE_CONFIG) == VisionConfig.k3()
     # a vision_config that differs from the defaults is really read, not replaced by them
-    other = {**WHOLE_CONFIG, "vision_config": {**SPEC_VISION_CONFIG, "vt_num_hidden_layers": 3, "patch_size": 16}}
+    other = {**WHOLE_CONFIG, "vision_config": {**K3_VISION_CONFIG, "vt_num_hidden_layers": 3, "patch_size": 16}}
     c = VisionConfig.from_dict(other)
     assert (c.vt_num_hidden_layers, c.patch_size) == (3, 16)
 

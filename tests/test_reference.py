@@ -53,7 +53,7 @@ def cut_patches(image: np.ndarray, p: int) -> np.ndarray:
 
 
 def bilinear_scalar(grid: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
-    """SPEC's bilinear (align_corners=False) for one output pixel at a time."""
+    """docs/model.md's bilinear (align_corners=False) for one output pixel at a time."""
     H, W, D = grid.shape
     out = np.zeros((out_h, out_w, D))
 
@@ -85,7 +85,7 @@ def keys_kernel(dist: float, a: float = -0.75) -> float:
 
 
 def bicubic_scalar(grid: np.ndarray, out_h: int, out_w: int, a: float = -0.75) -> np.ndarray:
-    """SPEC's bicubic (align_corners=False, 4 clamped taps per axis) for one output pixel at a time."""
+    """docs/model.md's bicubic (align_corners=False, 4 clamped taps per axis) for one output pixel at a time."""
     H, W, D = grid.shape
     out = np.zeros((out_h, out_w, D))
     for y in range(out_h):
@@ -123,7 +123,7 @@ def rope_rotate_half(x: np.ndarray, angles: np.ndarray) -> np.ndarray:
 
 
 def rope_angles_by_hand(h: int, w: int, hd: int, swap: bool = False) -> np.ndarray:
-    """Angles [h·w, hd/2] from SPEC's words: slot 2i turns by column·f_i, slot 2i+1 by row·f_i."""
+    """Angles [h·w, hd/2] from docs/model.md's words: slot 2i turns by column·f_i, slot 2i+1 by row·f_i."""
     ang = np.zeros((h * w, hd // 2))
     for r in range(h):
         for c in range(w):
@@ -150,7 +150,7 @@ def attention_loop(q, k, v, bounds):
 
 
 def merge_loop(x: np.ndarray, grid_thws, kh: int, kw: int) -> list[np.ndarray]:
-    """SPEC's merge by explicit indices: merged token i·(w/kw)+j, slot a·kw+b <- patch (kh·i+a)·w + kw·j+b."""
+    """docs/model.md's merge by explicit indices: merged token i·(w/kw)+j, slot a·kw+b <- patch (kh·i+a)·w + kw·j+b."""
     out, start = [], 0
     for t, h, w in grid_thws:
         m = np.zeros(((h // kh) * (w // kw), kh * kw, x.shape[1]))
@@ -364,7 +364,7 @@ def test_apply_rope_equals_complex_form():
 
 
 def single_pair_errors(rope_fn, angle_fn) -> float:
-    """Max error of `rope_fn` vs SPEC's by-hand rule on vectors with one nonzero pair."""
+    """Max error of `rope_fn` vs docs/model.md's by-hand rule on vectors with one nonzero pair."""
     h, w = 3, 5
     angles = angle_fn(h, w, HD)
     worst = 0.0

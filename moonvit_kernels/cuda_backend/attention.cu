@@ -1,4 +1,4 @@
-// attention.cu — packed, non-causal, flash-style attention forward (SPEC §3), reading q, k, v
+// attention.cu — packed, non-causal, flash-style attention forward (docs/model.md §5), reading q, k, v
 // straight out of the qkv projection.
 //
 // Layouts (Q = H·HD):

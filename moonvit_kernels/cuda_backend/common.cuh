@@ -7,8 +7,8 @@ typedef __nv_bfloat16 bf16;
 
 // Epilogues the GEMMs fuse into their stores (the launcher passes the number as a template argument).
 #define EPI_NONE 0       // C = A·Bᵀ
-#define EPI_GELU_TANH 1  // C = gelu_tanh(A·Bᵀ)   (encoder MLP, SPEC §3)
-#define EPI_GELU_ERF 2   // C = gelu_erf(A·Bᵀ)    (projector, SPEC §6)
+#define EPI_GELU_TANH 1  // C = gelu_tanh(A·Bᵀ)   (encoder MLP, docs/model.md §3)
+#define EPI_GELU_ERF 2   // C = gelu_erf(A·Bᵀ)    (projector, docs/model.md §7)
 #define EPI_RESIDUAL 3   // C = R + A·Bᵀ          (R may be C itself: x += o·woᵀ)
 
 #define FULL_MASK 0xffffffffu

@@ -1,4 +1,4 @@
-// merge.cu — tpool_patch_merger (SPEC §5): mean over frames + kh x kw gather, flattened for the
+// merge.cu — tpool_patch_merger (docs/model.md §6): mean over frames + kh x kw gather, flattened for the
 // projector: out [M, kh·kw·D], merged token m, slot a·kw + b, dim d at m·(kh·kw·D) + (a·kw + b)·D + d.
 //
 // merge_src [M, 4] int32 = (base, t, frame_stride, w): slot (a, b) of merged token m reads tokens

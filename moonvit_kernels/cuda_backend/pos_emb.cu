@@ -1,4 +1,4 @@
-// pos_emb.cu — x [L, D] += interpolated position grid (+ time sin/cos for videos), in place (SPEC §2).
+// pos_emb.cu — x [L, D] += interpolated position grid (+ time sin/cos for videos), in place (docs/model.md §2).
 //
 // The learned grid pos_w [H0, W0, D] is resized to each item's (h, w) with F.interpolate
 // (align_corners=False) semantics: source coordinate s = (d + 0.5)·(in/out) − 0.5;

@@ -1,4 +1,4 @@
-// rmsnorm.cu — y = x · rsqrt(mean(x²) + eps) · w over each row of x [rows, D], in fp32 (SPEC §3).
+// rmsnorm.cu — y = x · rsqrt(mean(x²) + eps) · w over each row of x [rows, D], in fp32 (docs/model.md §3).
 //
 // One block of 256 threads per row: a block-wide sum of squares (warp shuffles, then one value per
 // warp through shared memory), then a second pass that scales and stores. Also writes the per-row

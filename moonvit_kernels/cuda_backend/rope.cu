@@ -1,4 +1,4 @@
-// rope.cu — 2D rotary position embedding, in place on the packed qkv [L, 3Q] (SPEC §4).
+// rope.cu — 2D rotary position embedding, in place on the packed qkv [L, 3Q] (docs/model.md §4).
 //
 // Element (token l, slot s ∈ {q, k}, head h, dim d) sits at l·3Q + s·Q + h·hd + d; v (s = 2) is
 // untouched. Per head, dims (4i, 4i+1) turn by col·f_i and dims (4i+2, 4i+3) by row·f_i, as
