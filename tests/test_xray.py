@@ -552,8 +552,10 @@ def test_ptx_standin_patch_finds_ldmatrix_and_cp_async():
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_emulator_trace_of_the_fp32_gemm():
-    """The CUDA C fp32 GEMM traced on the emulator: its float4 shared reads of padded k-major rows are
-    conflict-free (4 quarter-warp wavefronts per 16-byte request), its float4 global loads coalesced.
+    """The CUDA C fp32 GEMM traced on the emulator: its float4 shared reads of the k-major tiles are
+    conflict-free (4 quarter-warp wavefronts per 16-byte request), so are the transposing stores that stage
+    the tiles (quads of 4 k-rows padded by 8 floats: one wavefront per request), its float4 global loads
+    coalesced.
 
     The plain emulator library is loaded first, as it is in a full test run: the traced build must keep
     its own static __shared__ arrays (no GNU-unique symbols shared across the two libraries)."""
@@ -572,7 +574,10 @@ def test_emulator_trace_of_the_fp32_gemm():
         assert "float4" in s.code and s.where.startswith("gemm_fp32.cu:")
     loads = [s for s in sites if s.kind == "LDG" and s.array in ("A", "B")]
     assert loads and all(s.factor == 1 and s.per_request == 16 for s in loads)
-    assert max(s.factor for s in sites if s.kind == "STS") <= 2
+    stores = {s.array: s for s in sites if s.kind == "STS"}
+    assert set(stores) == {"As", "Bs"}
+    for s in stores.values():
+        assert (s.per_request, s.factor, s.worst) == (1, 1, 1), s
     # the epilogue: each thread's 4 columns of a row as one float4, so a warp's 2 rows x 16 lanes x 16 bytes
     # fill 16 whole sectors (scalar stores of one column at a time touched 4x the sectors)
     (store,) = [s for s in sites if s.kind == "STG" and s.array == "C"]
