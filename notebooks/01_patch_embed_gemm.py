@@ -372,12 +372,15 @@ error_heatmap(buggy, want, bound=bound2, title="grid sized N // 16, M // 16 (flo
 #
 # **fp32 SIMT (`gemm_fp32.cu`)** is numba v3 in C: a 64×64 block tile, 4×4 outputs per thread, 16-deep
 # slabs stored K-major — plus two things numba cannot express: `float4` loads (four floats in one
-# 16-byte instruction when `K % 4 == 0`) and a padded shared row (`LDS = BM + 4`) so the transposed
-# stores of the tile loader spread over the banks. The epilogue writes each thread's 4 columns of a row
-# as one `float4` too: a warp's 16 lanes then cover 256 contiguous bytes of a row, the fewest 32-byte
-# sectors possible, where storing one column at a time touched 4× as many (`N % 4 != 0` or an unaligned
-# output falls back to scalar stores). Its ceiling is the fp32 CUDA-core peak (≈ 67 TFLOP/s on an H200,
-# datasheet).
+# 16-byte instruction when `K % 4 == 0`) and a shared layout that pads every *quad* of 4 k-rows by 8
+# floats (`LDQ = 4 * BM + 8`) rather than every row. A warp's transposing store then writes 8 consecutive
+# rows into each of the 4 quads, and the quads start 8 banks apart: all 32 banks, no conflict. A uniform
+# row padding cannot get there: the 16-byte reads need a row stride that is a multiple of 4 floats, and
+# then quads 0 and 2 always start in the same bank (2-way). The epilogue writes each thread's 4 columns
+# of a row as one `float4` too: a warp's 16 lanes then cover 256 contiguous bytes of a row, the fewest
+# 32-byte sectors possible, where storing one column at a time touched 4× as many (`N % 4 != 0` or an
+# unaligned output falls back to scalar stores). Its ceiling is the fp32 CUDA-core peak (≈ 67 TFLOP/s on
+# an H200, datasheet).
 
 # %%
 from moonvit_kernels.cuda_backend.sources import load_source
