@@ -29,5 +29,5 @@ KERNEL_REGISTERS = {
     "add_pos_emb_bilinear": 48,
     "add_pos_emb_bicubic": 80,
     **{f"rmsnorm_kernel_t{t}": 40 for t in (32, 64, 128, 256)},
-    "rope2d_kernel": 56,
+    "rope2d_kernel": 36,
 }

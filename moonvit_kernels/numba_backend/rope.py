@@ -21,6 +21,12 @@ depends on d only, so a thread computes its cos and sin once and reuses them for
 thread writes its value in place but also reads its partner's (column `j ^ 1`), which the partner
 thread overwrites: a barrier between the reads and the writes of each pass keeps that race out
 (the launcher makes `blockDim.x` even so that a pair never straddles two passes).
+
+Indices and positions are uint32, the loops `while` loops: numba types integer arithmetic in 64
+bits, signed for `range()` and `threadIdx`, so a signed index costs a negative-index (wraparound)
+test and a signed `%` a 64-bit division routine. The `uint32(...)` around each sum keeps it one
+32-bit instruction and every value non-negative. That cut the SASS of a pass by more than half
+(sm_90, compile tier, model, no GPU: ~67 -> 29 instructions per value; 56 -> 32 registers).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, uint32
 
 from ..config import ROPE_MAX_SIDE, ROPE_THETA
 from .device_functions import find_item
@@ -57,14 +63,20 @@ def rope2d_kernel(qkv, grid_thws, cu_seqlens, n_items, L, heads, head_dim):
     item = find_item(cu_seqlens, n_items, l)
     if item < 0:
         return
-    h = grid_thws[item, 1]
-    w = grid_thws[item, 2]
-    p = (l - cu_seqlens[item]) % (h * w)  # position within the frame
+    # uint32 from here on (see the module docstring)
+    h = uint32(grid_thws[item, 1])
+    w = uint32(grid_thws[item, 2])
+    p = uint32(l - cu_seqlens[item]) % uint32(h * w)  # position within the frame
     row = float32(p // w)
     col = float32(p % w)
 
-    for d0 in range(0, head_dim, cuda.blockDim.x):
-        d = d0 + cuda.threadIdx.x  # this thread's dim within a head
+    token = uint32(l)  # this token's row of qkv
+    dims = uint32(head_dim)
+    columns = uint32(2 * heads * head_dim)  # the q heads, then the k heads
+    column_step = uint32(cuda.blockDim.y * head_dim)  # a pass moves on by blockDim.y heads
+    d0 = uint32(0)
+    while d0 < dims:  # the same trip counts in every thread (a barrier is inside)
+        d = uint32(d0 + cuda.threadIdx.x)  # this thread's dim within a head
         i = d // 4
         freq = _ONE / _THETA ** (float32(4 * i) / float32(head_dim))
         angle = (col if d % 4 < 2 else row) * freq  # dims 4i, 4i+1: width; 4i+2, 4i+3: height
@@ -72,18 +84,21 @@ def rope2d_kernel(qkv, grid_thws, cu_seqlens, n_items, L, heads, head_dim):
         sin = math.sin(angle)
         if d % 2 == 0:  # first value of its pair: a·cos − b·sin (the second: b·cos + a·sin)
             sin = -sin
-        for head0 in range(0, 2 * heads, cuda.blockDim.y):  # the same trip counts in every thread
-            head = head0 + cuda.threadIdx.y  # s·H + head: the q heads, then the k heads
-            j = head * head_dim + d  # column in qkv: consecutive threads, consecutive columns
-            active = d < head_dim and head < 2 * heads
+        j0 = uint32(0)  # the pass's first column
+        j = uint32(cuda.threadIdx.y * head_dim + d)  # (s·H + head)·hd + d: consecutive threads, columns
+        while j0 < columns:  # j0 is the same in every thread, j its thread's column
+            active = d < dims and j < columns
             value = float32(0.0)
             if active:
-                mine = qkv[l, j]
-                partner = qkv[l, j ^ 1]  # the other value of the pair
+                mine = qkv[token, j]
+                partner = qkv[token, j ^ 1]  # the other value of the pair
                 value = mine * cos + partner * sin
             cuda.syncthreads()  # every thread has read its pair before any value is overwritten
             if active:
-                qkv[l, j] = value
+                qkv[token, j] = value
+            j0 = uint32(j0 + column_step)
+            j = uint32(j + column_step)
+        d0 = uint32(d0 + cuda.blockDim.x)
 
 
 COMPILE_SIGNATURES = [(rope2d_kernel.py_func, SIGNATURE)]
