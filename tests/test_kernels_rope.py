@@ -1,5 +1,11 @@
 """2D RoPE kernel (in place on q and k of the packed qkv buffer) vs the NumPy reference."""
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 from helpers import assert_close
@@ -7,6 +13,7 @@ from helpers import assert_close
 from moonvit_kernels import reference
 from moonvit_kernels.numba_backend import launch
 from moonvit_kernels.numba_backend import rope as R
+from moonvit_kernels.xray import sass
 
 HEADS, HD = 2, 24  # head_dim a multiple of 4 but not a power of two
 Q = HEADS * HD
@@ -94,3 +101,34 @@ def test_block_shape_puts_a_head_along_x_and_heads_along_y():
     assert R.block_shape(2, 24, 72) == (24, 3)
     assert R.block_shape(2, 24, 10) == (10, 1)  # a head in three passes
     assert R.block_shape(12, 128, 1024) == (128, 8)
+
+
+# A pass of the per-head loop (one value per thread: two loads, FMUL + FFMA, barrier, store, loop
+# control) in SASS on sm_90: 29 instructions with uint32 indices, ~67 with numba's signed 64-bit
+# `range()` arithmetic. Held at 32 so that signed or 64-bit index arithmetic cannot creep back in.
+MAX_PASS_INSTRUCTIONS = 32
+
+
+@pytest.mark.compile
+def test_per_head_pass_compiles_to_few_sass_instructions():
+    if sass.nvdisasm_path() is None:
+        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm, part of the dev extra)")
+    script = textwrap.dedent(
+        """
+        import json
+        from moonvit_kernels.numba_backend.compile_check import build_cubins
+        from moonvit_kernels.xray.sass import disassemble
+        ((label, cubin, report),) = build_cubins((9, 0), ["moonvit_kernels.numba_backend.rope"])
+        fn = max(disassemble(cubin), key=lambda f: len(f.instructions))
+        loops = [(lp.size, dict(lp.mix)) for lp in fn.innermost if lp.mix["bar"]]
+        print(json.dumps(loops))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = json.loads(r.stdout.strip().splitlines()[-1])
+    (pass_loop,) = found  # the loop over heads: the only innermost loop holding the barrier
+    size, mix = pass_loop
+    assert mix["ldg"] == 2 and mix["stg"] == 1 and mix["fma"] == 1, mix  # one pass, not unrolled
+    assert size <= MAX_PASS_INSTRUCTIONS, f"{size} SASS instructions per pass (limit {MAX_PASS_INSTRUCTIONS}): {mix}"
