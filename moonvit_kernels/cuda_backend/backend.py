@@ -41,6 +41,7 @@ from ..config import VisionConfig
 from ..weights import bf16_bits_to_float32, check_weights, float32_to_bf16_bits
 from . import routing
 from . import sources as kcuda
+from .launchers import dtype_name
 from .selfcheck import FirstUseCheck, attention_probe, gemm_probe
 
 DTYPES = ("bfloat16", "float32")
@@ -148,7 +149,7 @@ class CupyBackend:
     # ------------------------------------------------------------------ kernel choice
     def gemm(self, a: Any, b: Any, **kwargs: Any) -> Any:
         """`kernels.gemm(a, b, **kwargs)` on the kernel `routing.choose_gemm` picks (Hopper behind its check)."""
-        name = routing.choose_gemm(self.hopper, _dtype_name(a), a.shape[-1], _aligned16(a) and _aligned16(b))
+        name = routing.choose_gemm(self.hopper, dtype_name(a), a.shape[-1], _aligned16(a) and _aligned16(b))
         if name == routing.GEMM_SM90 and self._sm90_gemm is not None:
             out = self._sm90_gemm(a, b, **kwargs)
             name = name if self._sm90_gemm.verified else routing.GEMM_BF16
@@ -159,7 +160,7 @@ class CupyBackend:
 
     def attention(self, qkv: Any, cu_seqlens: Any, num_heads: int, head_dim: int, **kwargs: Any) -> Any:
         """`kernels.attention(...)` on the kernel `routing.choose_attention` picks (Hopper behind its check)."""
-        name = routing.choose_attention(self.hopper, _dtype_name(qkv), head_dim)
+        name = routing.choose_attention(self.hopper, dtype_name(qkv), head_dim)
         if name == routing.ATTN_SM90 and self._sm90_attention is not None:
             out = self._sm90_attention(qkv, cu_seqlens, num_heads, head_dim, **kwargs)
             name = name if self._sm90_attention.verified else routing.ATTN_BF16
@@ -284,11 +285,6 @@ class CupyBackend:
             outputs = [_to_numpy(o) for o in outputs]
             stages = {name: _to_numpy(a) for name, a in stages.items()}
         return (outputs, stages) if return_intermediates else outputs
-
-
-def _dtype_name(a: Any) -> str:
-    """ "bfloat16" for uint16 bits, "float32" for float32, else the dtype's own name."""
-    return {"uint16": "bfloat16", "float32": "float32"}.get(str(a.dtype), str(a.dtype))
 
 
 def _aligned16(a: Any) -> bool:
