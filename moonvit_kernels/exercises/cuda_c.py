@@ -1,0 +1,3 @@
+"""CUDA C exercises (placeholder while being written)."""
+
+EXERCISES = ()
