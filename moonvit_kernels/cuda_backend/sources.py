@@ -229,6 +229,13 @@ def compile_options(nvrtc_major: int | None = None) -> tuple[str, ...]:
     return ("--std=c++17", FTZ_OPTION, f"-I{cuda_include_dir(nvrtc_major)}")
 
 
+def runtime_options(arch: str, nvrtc_major: int | None = None) -> tuple[str, ...]:
+    """The options a launcher compiles a module with when it drives NVRTC itself (the Hopper cubins):
+    `compile_options`, the architecture, and ptxas -v (its register / spill log is kept). Only options
+    every NVRTC from CUDA 12.4 on accepts: the target tier compiles every kernel with exactly these."""
+    return (*compile_options(nvrtc_major), f"--gpu-architecture={arch}", "-Xptxas=-v")
+
+
 # ============================================================================ the catalogue
 @dataclass(frozen=True)
 class KernelSpec:
