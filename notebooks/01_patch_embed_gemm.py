@@ -514,26 +514,28 @@ else:
 #
 # Each cell below is a kernel with its signature and launch written and a gap between the `▼` and `▲`
 # marks. Fill the gap and run the cell: `check(name, kernel)` launches your kernel (on the CUDA simulator
-# without a GPU, on the GPU where there is one) on random inputs of awkward sizes, compares it with NumPy
-# under the fp32 error bound `8·eps·√K·(|A|·|B|ᵀ)`, and says what is wrong: which rows and columns
-# differ, NaN, outputs never written, an index out of bounds, or results that change between two runs (a
-# race). As committed, the gaps are empty, so the checks below report failures — that is expected. Stuck?
-# `solution("gemm_naive")` prints a solution (from `notebooks/solutions/`).
+# without a GPU, on the GPU where there is one) on two or three cases — square and non-square, one block
+# and several, sizes that are no multiple of a tile — compares it with NumPy under the fp32 error bound
+# `8·eps·√K·(|A|·|B|ᵀ)`, and says what is wrong: which case, which rows and columns differ, NaN, outputs
+# never written, an index out of bounds, a race, and the bug it looks like when it knows one. Exercise B
+# is also traced for coalescing: a correct kernel with scattered loads fails it. As committed, the gaps are
+# empty, so the checks report failures — that is expected. A failing check shows a first hint;
+# `hint("gemm_naive")` shows them all, `solution("gemm_naive")` prints a solution (from
+# `notebooks/solutions/`). If you have not written a kernel before, start with the warm-ups of 00a.
 #
-# **A.** GEMM v1: one thread per output `C[m, n] = Σ_k A[m, k]·B[n, k]`. The grid overshoots `M` and `N`.
+# **A.** GEMM v1: one thread per output, `C[m, n] = Σ_k A[m, k]·B[n, k]`, on a 2-D grid of 16×16-thread
+# blocks laid out like C (`x` across the columns).
 
 # %%
 # YOUR TURN: gemm_naive — launched by check() as gemm_naive[(⌈N/16⌉, ⌈M/16⌉), (16, 16)](A, B, C, M, N, K)
 from numba import float32
 
-from moonvit_kernels.exercises import check, solution
+from moonvit_kernels.exercises import check, hint, solution
 
 
 @cuda.jit
 def gemm_naive(A, B, C, M, N, K):
-    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x  # threadIdx.x runs along the columns of C
-    m = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
-    # ▼ your code: if (m, n) lies inside C, accumulate Σ_k A[m, k]·B[n, k] in float32 and store it in C[m, n]
+    # ▼ your code
     pass
     # ▲
 
@@ -541,9 +543,11 @@ def gemm_naive(A, B, C, M, N, K):
 result = check("gemm_naive", gemm_naive)
 
 # %% [markdown]
-# **B.** GEMM v2's tile loads. Thread `(ty, tx)` stages one element of each 16×16 tile per K step;
-# outside `A` or `B` it must store `0.0` (here `K = 35`: the last tile is partial). Consecutive `tx` should
-# read consecutive `k` — one contiguous (coalesced) segment per warp.
+# **B.** GEMM v2's tile loads. The block owns a 16×16 block of C; per K step its 256 threads stage a 16×16
+# tile of A and one of B in shared memory, and every thread then reads its 16 pairs from there. You write
+# the staging: which element each thread copies, and what goes where the tile hangs over the edge of A or
+# B (here `K = 35` and `K = 37`: the last tile is partial). The check also traces the loads: a warp
+# should read neighbouring addresses.
 
 # %%
 # YOUR TURN: gemm_tile_loads — launched by check() as gemm_tile_loads[(⌈N/16⌉, ⌈M/16⌉), (16, 16)](A, B, C, M, N, K)
@@ -556,18 +560,19 @@ def gemm_tile_loads(A, B, C, M, N, K):
     b_tile = cuda.shared.array((TILE, TILE + 1), float32)  # b_tile[r, kk] = B[n0 + r, k0 + kk]; +1: no bank conflicts
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
-    m = cuda.blockIdx.y * TILE + ty
-    n = cuda.blockIdx.x * TILE + tx
-    n_load = cuda.blockIdx.x * TILE + ty  # the row of B this thread stages
+    m0 = cuda.blockIdx.y * TILE  # this block's first row of C
+    n0 = cuda.blockIdx.x * TILE  # and first column
     acc = float32(0.0)
     for k0 in range(0, K, TILE):
-        # ▼ your code: a_tile[ty, tx] = A[m, k0 + tx] and b_tile[ty, tx] = B[n_load, k0 + tx], or 0.0 outside
+        # ▼ your code: stage this K step's tiles
         pass
         # ▲
         cuda.syncthreads()
         for kk in range(TILE):
             acc += a_tile[ty, kk] * b_tile[tx, kk]
         cuda.syncthreads()
+    m = m0 + ty
+    n = n0 + tx
     if m < M and n < N:
         C[m, n] = acc
 
@@ -575,10 +580,11 @@ def gemm_tile_loads(A, B, C, M, N, K):
 result = check("gemm_tile_loads", gemm_tile_loads)
 
 # %% [markdown]
-# **C.** GEMM v3's idea, register blocking, at a small scale: a block of 16×16 threads owns 32×32 outputs,
-# each thread a 2×2 patch held in registers (`acc`). The tile loads are written; for each `kk` of a tile,
-# load the `TM` values of A and the `TN` values of B this thread needs into registers, then do the `TM·TN`
-# multiply-adds.
+# **C.** GEMM v3's idea, register blocking, at a small scale: a block of 16×16 threads owns **32×32**
+# outputs, each thread a 2×2 patch held in registers (`acc`), so per `kk` a thread reads `TM + TN` values
+# from shared memory and does `TM·TN` multiply-adds. The declarations are written; the rest — where the
+# block's outputs start, the staging of 32-row tiles, the register-tile multiply, the stores — is yours.
+# The cases: one block, then several.
 
 # %%
 # YOUR TURN: gemm_register_tile — launched by check() as gemm_register_tile[(⌈N/32⌉, ⌈M/32⌉), (16, 16)](A, B, C, M, N, K)
@@ -594,36 +600,42 @@ def gemm_register_tile(A, B, C, M, N, K):
     b_reg = cuda.local.array(TN, float32)
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
-    m0 = cuda.blockIdx.y * TM * TILE
-    n0 = cuda.blockIdx.x * TN * TILE
     for i in range(TM):
         for j in range(TN):
             acc[i, j] = float32(0.0)
-    for k0 in range(0, K, TILE):
-        k = k0 + tx
-        for s in range(TM):  # each thread stages TM rows of A and TN rows of B
-            r = ty + s * TILE
-            a_tile[r, tx] = A[m0 + r, k] if (m0 + r < M and k < K) else float32(0.0)
-        for s in range(TN):
-            r = ty + s * TILE
-            b_tile[r, tx] = B[n0 + r, k] if (n0 + r < N and k < K) else float32(0.0)
-        cuda.syncthreads()
-        # ▼ your code: for kk in range(TILE): a_reg[i] = a_tile[ty·TM + i, kk], b_reg[j] = b_tile[tx·TN + j, kk],
-        #   then acc[i, j] += a_reg[i]·b_reg[j]
-        pass
-        # ▲
-        cuda.syncthreads()
-    for i in range(TM):
-        for j in range(TN):
-            m = m0 + ty * TM + i
-            n = n0 + tx * TN + j
-            if m < M and n < N:
-                C[m, n] = acc[i, j]
+    # ▼ your code
+    pass
+    # ▲
 
 
 result = check("gemm_register_tile", gemm_register_tile)
 
 # %% [markdown]
+# **D. CUDA C: the tensor-core fragments.** `mma.sync.m16n8k16` multiplies a 16×16 bf16 tile of A by a
+# 16×8 tile of B into a 16×8 fp32 tile in one warp-wide instruction — but each operand arrives spread over
+# the 32 lanes by a fixed table (the header of `ptx.cuh`, printed above with the bf16 GEMM). Write the
+# kernel that gives each lane its pieces of A and B and stores its pieces of the result: one warp per
+# 16×8 tile of C. The source is compiled by the CPU emulator (g++, every CUDA thread a fiber, `ptx.cuh`'s
+# `mma_bf16_16816` computed from the PTX ISA's tables); `check` takes the **source text**. A and B are
+# passed as bf16 bit patterns (`unsigned short`), K is a multiple of 16, M and N are not multiples of the
+# tile.
+
+# %%
+# YOUR TURN: mma_fragments — launched by check() as mma_fragments<<<(⌈N/8⌉, ⌈M/16⌉), 32>>>(A, B, C, M, N, K)
+mma_fragments = r"""
+#include "ptx.cuh"
+
+extern "C" __global__ void mma_fragments(const unsigned short* A, const unsigned short* B, float* C,
+                                         int M, int N, int K) {
+  const int lane = threadIdx.x;
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // ▼ your code
+  // ▲
+}
+"""
+
+result = check("mma_fragments", mma_fragments)
+
 # ### Worked exercises
 #
 # Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.

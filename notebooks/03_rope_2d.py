@@ -381,11 +381,13 @@ for name, q_port in ports.items():
 # ### Your turn: write the kernel
 #
 # Each cell below is a kernel with a gap between `▼` and `▲`. Fill it and run the cell: `check(name,
-# kernel)` launches it (simulator or GPU), compares it with the NumPy reference and says which tokens and
-# dims are wrong, which outputs were never written, NaN, or a race. As committed the gaps are empty (or
-# hold a placeholder) and the checks report failures. `solution("rope_rotate_pairs")` prints a solution.
+# kernel)` launches it (simulator or GPU) on two cases (grids wider and taller, head dims 16 and 24; two
+# packings of images and videos), compares it with the NumPy reference and says which tokens and dims are
+# wrong, which outputs were never written, NaN, a race, or the known bug it reproduces. As committed the
+# gaps are empty (or hold a placeholder) and the checks report failures. A failing check shows a first
+# hint; `hint("rope_rotate_pairs")` shows them all, `solution("rope_rotate_pairs")` prints a solution.
 #
-# **A.** The pair rotation for one head of `head_dim = 16` on a 5×7 grid: thread `i` owns dims
+# **A.** The pair rotation for one head (`head_dim` 16 on a 5×7 grid, then 24 on 6×4): thread `i` owns dims
 # `4i … 4i+3`; rotate `(4i, 4i+1)` by `col·f_i` and `(4i+2, 4i+3)` by `row·f_i`,
 # `(a, b) → (a·cos − b·sin, a·sin + b·cos)`.
 
@@ -395,7 +397,7 @@ import math
 
 from numba import cuda, float32
 
-from moonvit_kernels.exercises import check, solution
+from moonvit_kernels.exercises import check, hint, solution
 
 THETA = float32(10000.0)
 
@@ -414,9 +416,9 @@ def rope_rotate_pairs(x, rows, cols, out, head_dim):
 result = check("rope_rotate_pairs", rope_rotate_pairs)
 
 # %% [markdown]
-# **B.** The position of a token in a packed batch (a 2-frame 3×5 video, then a 4×3 image): find the
-# token's item from `cu_seqlens`, then its row and column within its frame — every frame of a video
-# restarts at `(0, 0)`. Write `pos[l, 0] = row`, `pos[l, 1] = col`.
+# **B.** The position of a token in a packed batch (a 2-frame 3×5 video and a 4×3 image; then three items,
+# one a 3-frame video): the token's row and column within its own frame. Write `pos[l, 0] = row`,
+# `pos[l, 1] = col`.
 
 
 # %%
@@ -426,7 +428,7 @@ def rope_token_position(grid_thws, cu_seqlens, n_items, pos, L):
     l = cuda.grid(1)
     if l >= L:
         return
-    # ▼ your code: the item n with cu_seqlens[n] <= l < cu_seqlens[n + 1], then row and col in its frame
+    # ▼ your code
     pass
     # ▲
 
@@ -437,8 +439,8 @@ result = check("rope_token_position", rope_token_position)
 # **C.** Fusion (see notebook 05 for the bytes it saves): the `wqkv` GEMM rotates q and k in its epilogue,
 # so `qkv` is written once, already rotated, and the RoPE kernel's read-and-rewrite of `[L, 2Q]` disappears.
 # Each thread computes the *pair* of output columns `2p, 2p + 1` (a rotation needs both); for q and k
-# columns (`2p < 2Q`) it rotates them before the store, v columns are stored as they are. 2 heads of
-# `head_dim = 8` on a 3×5 grid; the placeholder stores the pair unrotated.
+# columns it rotates them before the store, v columns are stored as they are. Two cases: 2 heads of
+# `head_dim = 8` on a 3×5 grid, 3 heads of 12 on 4×3. The placeholder stores the pair unrotated.
 
 
 # %%
@@ -455,8 +457,7 @@ def rope_qkv_epilogue(x, W, rows, cols, qkv, L, Din, heads, head_dim):
         for k in range(Din):
             c0 += x[m, k] * W[c, k]
             c1 += x[m, k] * W[c + 1, k]
-        # ▼ your code: if c is a q or k column, rotate (c0, c1) by its angle (d = c mod head_dim, i = d // 4,
-        #   width pair when d mod 4 < 2, height pair otherwise; f_i = THETA^(−4i/head_dim))
+        # ▼ your code: rotate (c0, c1) when they are q or k
         pass
         # ▲
         qkv[m, c] = c0

@@ -274,14 +274,15 @@ else:
 # ### Your turn: write the kernel
 #
 # Two kernels of the encoder that no earlier notebook had you write, each with a gap between `▼` and `▲`.
-# `check(name, kernel)` runs your kernel (simulator or GPU) against the NumPy reference and says which
-# outputs are wrong, never written, NaN, out of bounds or racy. As committed the checks report failures.
-# `solution("pos_emb_bilinear")` prints a solution.
+# `check(name, kernel)` runs your kernel (simulator or GPU) on two cases against the NumPy reference and
+# says which outputs are wrong, never written, NaN, out of bounds, racy, or which known bug it reproduces.
+# As committed the checks report failures. A failing check shows a first hint; `hint("pos_emb_bilinear")`
+# shows them all, `solution("pos_emb_bilinear")` prints a solution.
 #
-# **A.** The position grid resize: a learned 6×6 grid of `D = 7` channels resized to 4×9 patches with
-# `F.interpolate(mode="bilinear", align_corners=False)` — source coordinate `s = (d + 0.5)·(in/out) − 0.5`,
-# clamped at 0, taps `floor(s)` and `floor(s) + 1` (clamped at `in − 1`). The placeholder uses the
-# `align_corners=True` formula — a pitfall that samples a different grid and shifts almost every value.
+# **A.** The position grid resize with `F.interpolate(mode="bilinear", align_corners=False)`: a learned
+# 6×6 grid of `D = 7` channels resized to 4×9 patches, then a 5×8 grid resized to 7×3. The placeholder uses
+# the `align_corners=True` formula — a pitfall that samples a different grid and shifts almost every
+# value; `align_corners=False` measures between cell centres.
 
 # %%
 # YOUR TURN: pos_emb_bilinear — launched by check() as pos_emb_bilinear[h·w, 32](grid, out, h, w)
@@ -289,7 +290,7 @@ import math
 
 from numba import float32
 
-from moonvit_kernels.exercises import check, solution
+from moonvit_kernels.exercises import check, hint, solution
 
 
 @cuda.jit
@@ -299,7 +300,7 @@ def pos_emb_bilinear(grid, out, h, w):
     c = patch % w
     H0 = grid.shape[0]
     W0 = grid.shape[1]
-    # ▼ your code: source coordinates, taps y0, y1, x0, x1 and weights ly, lx (align_corners=False)
+    # ▼ your code: source coordinates sy, sx, taps y0, y1, x0, x1 and weights ly, lx
     sy = float32(r) * float32(H0 - 1) / float32(h - 1)  # placeholder: align_corners=True
     sx = float32(c) * float32(W0 - 1) / float32(w - 1)
     y0 = min(int(math.floor(sy)), H0 - 1)
@@ -319,8 +320,8 @@ result = check("pos_emb_bilinear", pos_emb_bilinear)
 
 # %% [markdown]
 # **B.** The MLP's first GEMM with its activation fused into the store: `C = gelu_tanh(A·Bᵀ)` — the tanh
-# form, `0.5·v·(1 + tanh(√(2/π)·(v + 0.044715·v³)))` (the projector uses the erf form: swapping them is a
-# real bug, see notebook 01). The placeholder stores the product without the activation.
+# form (the projector uses the erf form: swapping them is a real bug, see notebook 01). The placeholder
+# stores the product without the activation.
 
 # %%
 # YOUR TURN: gelu_tanh_epilogue — launched by check() as gelu_tanh_epilogue[(⌈N/16⌉, ⌈M/16⌉), (16, 16)](A, B, C, M, N, K)

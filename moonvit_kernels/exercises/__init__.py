@@ -73,7 +73,9 @@ def check(name: str, kernel: Any, strict: bool = False, seed: int = 0, verbose: 
     ex = _exercise(name)
     if ex.language == "cuda_c":
         if not isinstance(kernel, str):
-            raise TypeError(f"{name}: a CUDA C exercise takes the kernel's source text (a str), got {type(kernel).__name__}")
+            raise TypeError(
+                f"{name}: a CUDA C exercise takes the kernel's source text (a str), got {type(kernel).__name__}"
+            )
         result = cuda_c.run(ex, kernel, seed)
     else:
         if not hasattr(kernel, "__getitem__") or isinstance(kernel, str):

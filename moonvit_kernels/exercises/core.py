@@ -243,7 +243,8 @@ def diagnose(case: Case, got: np.ndarray, guard: np.ndarray | None) -> list[str]
             f"Worst at [{index}]: got {_num(got64[i], integer)}, expected {_num(expected[i], integer)}"
             + ("" if integer else f" (allowed error {bound[i]:.2g})")
         )
-        text += "".join(f". {t}" for t in _patterns(got64, expected, bound, wrong, written, case))
+        if not integer:
+            text += "".join(f". {t}" for t in _patterns(got64, expected, bound, wrong, written, case))
         problems.append(text)
     return problems
 
@@ -274,6 +275,13 @@ def _patterns(
                 "(a count, a length or a normalisation)?"
             )
             return out
+        rows_ratio = _per_row_ratio(got, want, wrong)
+        if rows_ratio is not None:
+            out.append(
+                "Within each row every wrong output is off by one factor, a different one per row "
+                f"({rows_ratio}): the row's own scale — a sum, a norm or its reduction — is wrong"
+            )
+            return out
     if g.size >= 3:
         diff = g - w
         d0 = float(np.median(diff))
@@ -287,13 +295,33 @@ def _patterns(
             sl[axis] = slice(1, None) if step == 1 else slice(None, -1)
             sl = tuple(sl)
             m = written[sl] & wrong[sl]
-            if m.sum() >= 3 and np.all(np.abs(got[sl][m] - shifted[sl][m]) <= bound[sl][m] + 1e-6 * np.abs(shifted[sl][m])):
+            if m.sum() >= 3 and np.all(
+                np.abs(got[sl][m] - shifted[sl][m]) <= bound[sl][m] + 1e-6 * np.abs(shifted[sl][m])
+            ):
                 out.append(
                     f"The wrong outputs hold the expected values of the {'previous' if step == 1 else 'next'} "
                     f"entry along {name}: an index off by one?"
                 )
                 return out
     return out
+
+
+def _per_row_ratio(got: np.ndarray, want: np.ndarray, wrong: np.ndarray) -> str | None:
+    """ "0.91, 1.4, …" when, in every row with wrong outputs, got/expected is one number (not all rows alike)."""
+    factors = []
+    for r in np.flatnonzero(wrong.any(axis=1)):
+        g, w = got[r], want[r]
+        ok = np.abs(w) > 1e-12
+        if ok.sum() < 2:
+            return None
+        ratio = g[ok] / w[ok]
+        r0 = float(np.median(ratio))
+        if not np.allclose(ratio, r0, rtol=1e-3):
+            return None
+        factors.append(r0)
+    if len(factors) < 2 or np.allclose(factors, factors[0], rtol=1e-3):
+        return None
+    return ", ".join(f"×{f:.3g}" for f in factors[:4]) + (", …" if len(factors) > 4 else "")
 
 
 def suspects_matching(case: Case, got: np.ndarray, suspects: Sequence[Suspect]) -> list[str]:

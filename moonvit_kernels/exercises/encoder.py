@@ -16,7 +16,7 @@ TILE = 16
 def _bilinear(grid: np.ndarray, h: int, w: int, align_corners: bool = False, swap_scales: bool = False) -> np.ndarray:
     """`[h·w, D]` float64 bilinear resize of `grid [H0, W0, D]`, written out (for the suspects' variants)."""
     H0, W0 = grid.shape[:2]
-    ry, rx = (W0 / w, H0 / h) if swap_scales else (H0 / h, W0 / w)
+    ry, rx = (W0 / h, H0 / w) if swap_scales else (H0 / h, W0 / w)
 
     def coords(n: int, n0: int, ratio: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         i = np.arange(n, dtype=np.float64)
@@ -109,7 +109,7 @@ EXERCISES = (
                 _pos_model(align_corners=True),
             ),
             Suspect(
-                "a kernel that scales rows by W0/w and columns by H0/h writes: H0 goes with h, W0 with w",
+                "a kernel that scales rows by W0/h and columns by H0/w writes: rows resize H0 -> h, columns W0 -> w",
                 _pos_model(swap_scales=True),
             ),
         ),

@@ -64,7 +64,11 @@ def descriptor_case(high_bits: bool) -> Case:
         axes=("descriptors", "16-bit words (0 start, 1 LBO, 2 SBO, 3 mode)"),
         out_dtype=np.int32,
         label=f"{len(params)} descriptors"
-        + (": addresses with bits above 18 set, as a generic pointer carries them" if high_bits else " the kernels build"),
+        + (
+            ": addresses with bits above 18 set, as a generic pointer carries them"
+            if high_bits
+            else " the kernels build"
+        ),
     )
 
 

@@ -57,22 +57,6 @@ def _params(case: Case) -> tuple[np.ndarray, int, int, int, int, int]:
     return case.args[0], t, h, w, kh, kw
 
 
-def _slot_swapped(case: Case) -> np.ndarray:
-    """slot = a·kh + b read as (slot // kh, slot mod kh): right only when kh = kw."""
-    x, t, h, w, kh, kw = _params(case)
-    if kh == kw:
-        raise ValueError("indistinguishable")
-    D = x.shape[1]
-    m = merged(x, t, h, w, kh, kw).reshape(-1, kh * kw, D)
-    out = np.empty_like(m)
-    for slot in range(kh * kw):
-        a, b = slot // kh, slot % kh
-        if a >= kh or b >= kw:
-            raise ValueError("reads outside the block")
-        out[:, slot] = m[:, a * kw + b]
-    return out.reshape(m.shape[0], -1)
-
-
 def gather_case(rng: np.random.Generator, t: int, h: int, w: int, D: int, kh: int, kw: int, N: int) -> Case:
     x = awkward(rng, (t * h * w, D))
     a = merged(x, t, h, w, kh, kw)
@@ -117,13 +101,6 @@ EXERCISES = (
             "patches. Slots run row-major inside the block.",
             "i = m // (w/kw), j = m mod (w/kw); slot = a·kw + b, so a = slot // kw, b = slot mod kw; it reads "
             "patch (kh·i + a)·w + (kw·j + b) of every frame (frame f starts at row f·h·w of x).",
-        ),
-        suspects=(
-            Suspect(
-                "a kernel that splits the slot by kh instead of kw writes (a = slot // kh, b = slot mod kh): "
-                "slots run row-major over a block kw wide",
-                _slot_swapped,
-            ),
         ),
     ),
     Exercise(

@@ -55,7 +55,7 @@ def traffic_check(
     global_arrays: Sequence[str] = (), shared_arrays: Sequence[str] = (), max_factor: float = 2.0
 ) -> PerfCheck:
     """A perf check: every global access of `global_arrays` within `max_factor` × the ideal sectors, and
-    every shared access of `shared_arrays` within `max_factor` × the ideal wavefronts."""
+    every shared access of `shared_arrays` within `max_factor` × the ideal wavefronts ("*": every array)."""
 
     def check(kernel: Any, case: Case) -> tuple[list[str], list[str]]:
         from numba import config
@@ -66,7 +66,7 @@ def traffic_check(
         problems, seen = [], []
         for s in sites:
             wanted = global_arrays if s.space == "global" else shared_arrays
-            if s.array not in wanted or not s.requests:
+            if not s.requests or not ("*" in wanted or s.array in wanted):
                 continue
             unit = "sectors" if s.space == "global" else "wavefronts"
             seen.append(f"{s.kind} {s.array} {s.per_request:.1f} {unit}/request ({s.factor:.2g}× ideal)")

@@ -82,6 +82,12 @@ def position_case(items: tuple[tuple[int, int, int], ...]) -> Case:
     )
 
 
+def _no_frame_restart(case: Case) -> np.ndarray:
+    """(row, col) counted from the item's start, frames not restarting at (0, 0)."""
+    parts = [np.stack(np.divmod(np.arange(t * h * w), w), axis=1) for t, h, w in case.args[0].tolist()]
+    return np.concatenate(parts).astype(np.float64)
+
+
 def position_cases(rng: np.random.Generator) -> list[Case]:
     return [position_case(((2, 3, 5), (1, 4, 3))), position_case(((1, 2, 7), (3, 2, 2), (1, 1, 4)))]
 
@@ -114,6 +120,17 @@ def fused_case(rng: np.random.Generator, h: int, w: int, heads: int, hd: int, di
         axes=("tokens", "columns (q | k | v)"),
         label=f"a {h}×{w} grid, {heads} heads of head_dim {hd} (Q = {Q}), Din = {din}",
     )
+
+
+def _fused_v_rotated(case: Case) -> np.ndarray:
+    """q, k and v all rotated."""
+    x, wqkv, rows, cols = case.args[:4]
+    heads, hd = int(case.args[7]), int(case.args[8])
+    L, Q = x.shape[0], heads * hd
+    h, w = int(rows.max()) + 1, int(cols.max()) + 1
+    plain = x.astype(np.float64) @ wqkv.astype(np.float64).T
+    angles = reference.rope_angles(h, w, hd).astype(np.float64)
+    return reference.apply_rope(plain.reshape(L, 3 * heads, hd), angles).reshape(L, 3 * Q)
 
 
 def fused_cases(rng: np.random.Generator) -> list[Case]:
@@ -152,6 +169,13 @@ EXERCISES = (
             "Find the item n with cu_seqlens[n] <= l < cu_seqlens[n + 1]; p = (l − cu_seqlens[n]) mod (h·w) "
             "(every frame of a video restarts at (0, 0)); row = p // w, col = p mod w, with (h, w) of item n.",
         ),
+        suspects=(
+            Suspect(
+                "a kernel whose frames do not restart at (0, 0) writes: frame f of a video holds positions "
+                "(l − cu_seqlens[n]) mod (h·w), not rows h, h + 1, …",
+                _no_frame_restart,
+            ),
+        ),
     ),
     Exercise(
         "rope_qkv_epilogue",
@@ -164,6 +188,12 @@ EXERCISES = (
             "i = d // 4, f_i = THETA^(−4i/head_dim); it turns by cols[m]·f_i when d mod 4 < 2 (width pair), by "
             "rows[m]·f_i otherwise. Rotate (c0, c1) -> (c0·cos − c1·sin, c0·sin + c1·cos); v columns are stored "
             "as they are.",
+        ),
+        suspects=(
+            Suspect(
+                "a kernel that rotates the v columns too writes: only q and k columns (c < 2·Q) carry RoPE",
+                _fused_v_rotated,
+            ),
         ),
     ),
 )

@@ -28,7 +28,10 @@ def _map_case(rng: np.random.Generator, n: int, label: str) -> Case:
 
 
 def map_cases(rng: np.random.Generator) -> list[Case]:
-    return [_map_case(rng, 32, "one block of 32 threads, n = 32"), _map_case(rng, 13, "one block of 13 threads, n = 13")]
+    return [
+        _map_case(rng, 32, "one block of 32 threads, n = 32"),
+        _map_case(rng, 13, "one block of 13 threads, n = 13"),
+    ]
 
 
 # ============================================================================ 2 guard
@@ -132,6 +135,24 @@ def block_sum_cases(rng: np.random.Generator) -> list[Case]:
     return [_sum_case(rng, 150), _sum_case(rng, 40)]
 
 
+def _sum_of(case: Case, used: np.ndarray) -> np.ndarray:
+    """Each block's sum over the positions (of its 64) marked in `used`."""
+    a = case.args[0].astype(np.float64)
+    blocks = case.out_shape[0]
+    pad = np.zeros(blocks * SUM_PER_BLOCK)
+    pad[: a.size] = a
+    return (pad.reshape(blocks, SUM_PER_BLOCK) * used).sum(axis=1)
+
+
+def _sum_half_tree(case: Case) -> np.ndarray:
+    t = np.arange(SUM_PER_BLOCK) % SUM_THREADS
+    return _sum_of(case, t < SUM_THREADS // 2)
+
+
+def _sum_one_each(case: Case) -> np.ndarray:
+    return _sum_of(case, np.arange(SUM_PER_BLOCK) < SUM_THREADS)
+
+
 # ============================================================================ 6 scan
 SCAN_THREADS = 32
 
@@ -151,6 +172,16 @@ def _scan_case(rng: np.random.Generator, n: int) -> Case:
 
 def scan_cases(rng: np.random.Generator) -> list[Case]:
     return [_scan_case(rng, 45), _scan_case(rng, 20)]
+
+
+def _scan_window(case: Case, width: int = SCAN_THREADS // 2) -> np.ndarray:
+    """Each output sums only the last `width` values of its block (a scan that stops one step early)."""
+    a = case.args[0].astype(np.float64)
+    out = np.empty(a.size)
+    for i in range(a.size):
+        start = max(i - width + 1, i - i % SCAN_THREADS)
+        out[i] = a[start : i + 1].sum()
+    return out
 
 
 def _scan_exclusive(case: Case) -> np.ndarray:
@@ -178,7 +209,7 @@ def _transpose_case(rng: np.random.Generator, rows: int, cols: int) -> Case:
 
 
 def transpose_cases(rng: np.random.Generator) -> list[Case]:
-    return [_transpose_case(rng, 40, 37), _transpose_case(rng, 9, 45)]
+    return [_transpose_case(rng, 40, 37), _transpose_case(rng, 32, 20)]
 
 
 EXERCISES = (
@@ -257,6 +288,18 @@ EXERCISES = (
             "cuda.syncthreads(), and threads t < stride add partial[t + stride] into partial[t]; thread 0 writes "
             "out[b] = partial[0] after a last barrier.",
         ),
+        suspects=(
+            Suspect(
+                "a tree that starts at stride 8 writes (it adds only partial[0..15]): the first stride is half the "
+                "number of partial sums, 16",
+                _sum_half_tree,
+            ),
+            Suspect(
+                "a kernel whose threads add only one element each writes (the first 32 of the block's 64): thread t "
+                "also owns element b·64 + 32 + t",
+                _sum_one_each,
+            ),
+        ),
     ),
     Exercise(
         "warm_scan",
@@ -273,6 +316,11 @@ EXERCISES = (
             Suspect(
                 "an exclusive scan writes (out[i] = the sum of the elements BEFORE i): include a[i] itself",
                 _scan_exclusive,
+            ),
+            Suspect(
+                "a scan that stops after offset 8 writes (each output sums only the last 16 values): the offsets "
+                "run 1, 2, 4, 8, 16 — while d < 32",
+                _scan_window,
             ),
         ),
     ),
@@ -291,6 +339,6 @@ EXERCISES = (
             "tile[tx, …] walks down a column of the tile: with 32 floats per row every lane hits the same bank "
             "(32-way conflict). Declare the tile (32, 33): the extra column shifts each row by one bank.",
         ),
-        perf=traffic_check(global_arrays=("a", "out"), shared_arrays=("tile",), max_factor=2.0),
+        perf=traffic_check(global_arrays=("a", "out"), shared_arrays=("*",), max_factor=2.0),
     ),
 )

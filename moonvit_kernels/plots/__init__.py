@@ -12,6 +12,7 @@ chosen, nothing is shown twice; Jupyter displays a figure that ends a cell; save
 - `merge`: Patch merge: which merged token and slot each source patch lands in, merged tokens back on the grid.
 - `images`: Images: the patch (and merge) grid over a picture, PCA of patch features as colours.
 - `errors`: Errors: |got − ref| heat maps, and a backend comparison (`compare.StageReport`) per stage.
+- `launch`: Launches: which block and thread of a 2-D grid owns each element of an output.
 - `timing`: Timing and tables: median of repeated calls, labelled bars of times, Markdown tables.
 """
 
@@ -26,6 +27,7 @@ from .attention import (
 )
 from .errors import error_heatmap, error_matrix, plot_stage_report, stage_report_series
 from .images import patch_grid_overlay, pca_colors, pca_overlay
+from .launch import launch_owners, plot_launch_map
 from .merge import merge_index_map, merge_index_table, merged_to_grid
 from .model import CountRow, Stage, flop_table, parameter_table, plot_architecture, stage_shapes
 from .norm import plot_eps_effect, rmsnorm_output_rms
@@ -71,6 +73,8 @@ __all__ = [
     "merge_index_table",
     "merge_index_map",
     "merged_to_grid",
+    "launch_owners",
+    "plot_launch_map",
     "patch_grid_overlay",
     "pca_colors",
     "pca_overlay",
