@@ -42,7 +42,6 @@ use_simulator_without_gpu()
 import numpy as np
 from numba import cuda, float32
 
-from moonvit_kernels.exercises import check, hint, solution
 from moonvit_kernels.plots import plot_launch_map
 from moonvit_kernels.xray import counters
 
@@ -72,6 +71,9 @@ plot_launch_map(11, 19, (8, 4))
 
 # %%
 # YOUR TURN: warm_map — launched by check() as warm_map[1, n](a, out, n)
+from moonvit_kernels.exercises import check, hint, solution
+
+
 @cuda.jit
 def warm_map(a, out, n):
     # ▼ your code

@@ -160,12 +160,14 @@ print(inspect.getsource(gemm_module._make_gemm_v1))
 # ### Coalescing: which addresses does one warp touch?
 #
 # A warp is 32 threads that issue each load together; the memory system serves it in 32-byte *sectors*,
-# so a load is cheap when the warp's 32 addresses fall in few sectors. In v1, `threadIdx.x` runs along
-# `n`, so at a fixed `k` the warp reads `A[m, k]` (one address, broadcast: fine), and `B[n, k]` for 32
-# consecutive `n` — addresses `K·4` bytes apart, **one sector per thread**. Reading a 4-byte float
-# costs a 32-byte sector: 8× the traffic the maths needs. v2 stages its tiles with `threadIdx.x` along
-# `k` (`a_tile[ty, tx] = A[m, k0 + tx]`): 16 consecutive floats, 64 contiguous bytes, two sectors per
-# half-warp. Counted for the K3 patch embedding (`K = 588`):
+# so a load is cheap when the warp's 32 addresses fall in few sectors. v1 launches blocks of 16×16
+# threads with `threadIdx.x` along `n`, so one warp is **two rows of 16 lanes**: at a fixed `k` it reads
+# `A[m, k]` at two `m` (two addresses, each broadcast to 16 lanes: fine) and `B[n, k]` for 16 consecutive
+# `n`, shared by the two rows — addresses `K·4` bytes apart, **one sector per distinct `n`**: 16 sectors
+# (512 bytes) for 16 floats (64 bytes), 8× the traffic the maths needs. v2 stages its tiles with
+# `threadIdx.x` along `k` (`a_tile[ty, tx] = A[m0 + ty, k0 + tx]`): 2 rows × 16 consecutive floats, 64
+# contiguous bytes each, two or three sectors per row. Counted for the K3 patch embedding (`K = 588`), with
+# lane `l` of the warp at `tx = l mod 16`, `ty = l // 16` (notebook 07 traces the same numbers):
 
 
 # %%
@@ -176,16 +178,16 @@ def sectors_per_warp_load(byte_addresses):
 
 K3_K = 3 * 14 * 14
 lanes = np.arange(32)
-v1_b = sectors_per_warp_load((lanes * K3_K + 0) * 4)  # B[n0 + lane, k]: stride K
-v1_a = sectors_per_warp_load(np.zeros(32) * 4)  # A[m, k]: every lane the same address
+v1_b = sectors_per_warp_load((lanes % 16) * K3_K * 4)  # B[n0 + tx, k]: stride K, 16 distinct rows
+v1_a = sectors_per_warp_load((lanes // 16) * K3_K * 4)  # A[m0 + ty, k]: two rows, one address each
 v2_tile = sectors_per_warp_load(((lanes // 16) * K3_K + lanes % 16) * 4)  # 2 rows × 16 consecutive k
 rows = [
-    ["v1, B[n, k] (x along n)", v1_b, f"{32 * 4 / (v1_b * 32):.0%}"],
-    ["v1, A[m, k] (broadcast)", v1_a, "one value for all lanes"],
+    ["v1, B[n, k] (x along n)", v1_b, f"{16 * 4 / (v1_b * 32):.0%}"],
+    ["v1, A[m, k] (broadcast)", v1_a, "one value per 16 lanes"],
     ["v2 tile load (x along k)", v2_tile, f"{32 * 4 / (v2_tile * 32):.0%}"],
 ]
 display(Markdown(markdown_table(["warp load", "32-byte sectors", "useful bytes / moved"], rows)))
-assert v1_b == 32 and v2_tile <= 6  # 2 rows of 64 bytes: 2 sectors each, 3 when a row straddles
+assert v1_b == 16 and v1_a == 2 and v2_tile <= 6  # v2: 2 rows of 64 bytes, 2 sectors each (3 when one straddles)
 
 # %% [markdown]
 # **A coalesced v1.** The smallest change that makes every load of v1 coalesced: turn the warp sideways.

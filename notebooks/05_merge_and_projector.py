@@ -16,13 +16,13 @@
 # %% [markdown]
 # # 05 — The patch merge and the projector
 #
-# **What the source does.** After the final norm, `tpool_patch_merger` (docs/model.md, stage 5) turns every
+# **What the source does.** After the final norm, `tpool_patch_merger` (docs/model.md, stage 6) turns every
 # `kh × kw` (2×2 in K3) block of neighbouring patches into one token, and averages over the frames of a
 # video. For an item `(t, h, w)`: view the tokens as `[t, h/kh, kh, w/kw, kw, D]`, permute to
 # `[t, h/kh, w/kw, kh, kw, D]`, mean over `t` → `[(h/kh)·(w/kw), kh·kw, D]`. So merged token
 # `m = i·(w/kw) + j` holds, in slot `a·kw + b`, source patch `(kh·i + a)·w + (kw·j + b)`.
 #
-# The projector `PatchMergerMLPV2` (stage 6) flattens each merged token slot-major to `kh·kw·D`, then:
+# The projector `PatchMergerMLPV2` (stage 7) flattens each merged token slot-major to `kh·kw·D`, then:
 # `Linear(kh·kw·D → kh·kw·D) → GELU (exact erf) → Linear(→ T) → rmsnorm(eps = projector_ln_eps)`.
 # No biases, no pre-norm. The output rows are the image tokens the language model reads.
 #

@@ -374,20 +374,19 @@ assert np.isclose(tolerance_answer, next(r.tolerance for r in reports["numba"].r
 print(f"final_norm is stage {k}: tolerance {tolerance_answer:.2e}")
 
 # %% [markdown]
-# **3.** The full K3 tower on one 896×896 image: how long would it take at the H200's dense bf16 peak —
-# the datasheet's ≈ 989 TFLOP/s, and the ≈ 790 TFLOP/s cuBLAS reaches on random data (docs/model.md)? And
-# at the ≈ 67 TFLOP/s fp32 CUDA-core peak that bounds this workbook's fp32 numba kernels? (Datasheet and
-# quoted figures, not measured here.)
+# **3.** The full K3 tower on one 896×896 image: how long would it take at the H200's datasheet peaks —
+# ≈ 989 TFLOP/s dense bf16 on the tensor cores, and the ≈ 67 TFLOP/s fp32 CUDA-core peak that bounds this
+# workbook's fp32 numba kernels? (Datasheet figures, model, no GPU: a floor, not a prediction; what cuBLAS
+# really reaches, `gpu_check` measures on the GPU it runs on.)
 
 # %%
 k3 = VisionConfig.k3()
 tower_flops = sum(r.count for r in flop_table(k3, [[1, 64, 64]]))
 floor_ms_answer = {  # worked answer
     "bf16 datasheet": tower_flops / 989e12 * 1e3,
-    "bf16 cuBLAS": tower_flops / 790e12 * 1e3,
     "fp32 SIMT": tower_flops / 67e12 * 1e3,
 }
 
-assert 7.0 < floor_ms_answer["bf16 cuBLAS"] < 8.5  # docs/model.md: ≈ 7.7 ms
-assert floor_ms_answer["bf16 datasheet"] < floor_ms_answer["bf16 cuBLAS"] < floor_ms_answer["fp32 SIMT"]
+assert 6.0 < floor_ms_answer["bf16 datasheet"] < 6.4  # docs/model.md: ≥ 6.2 ms
+assert 88 < floor_ms_answer["fp32 SIMT"] < 95  # docs/model.md: ≥ 92 ms
 print(", ".join(f"{k}: {v:.1f} ms" for k, v in floor_ms_answer.items()))

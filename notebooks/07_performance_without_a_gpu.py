@@ -188,9 +188,11 @@ for ins in hot.own[:24]:
 # **Why a `range()` loop can cost several times more.** numba types `range(n)` with a signed 64-bit
 # index and Python's semantics, so the compiler must compute 64-bit addresses (`IMAD.WIDE`, pairs of
 # `IADD3`/`LEA` with carries) and keep the wrap-around checks of negative indices (`SEL`, `ISETP`):
-# around twenty integer instructions surround every FFMA. With an unsigned 32-bit index the compiler
-# can prove the index never goes negative, unrolls the loop by 4 and folds the address arithmetic
-# into the loads' immediate offsets — several times fewer instructions per FFMA for the same maths.
+# around twenty integer instructions surround every FFMA. Both versions are unrolled by 4 (the table's
+# main loops hold 4 FFMA each): what differs is the index arithmetic. With an unsigned 32-bit index the
+# compiler can prove the index never goes negative, drops the selects and folds the address arithmetic
+# into the loads' immediate offsets — several times fewer instructions per FFMA (the table's instr /
+# FFMA column) for the same maths.
 # The rewritten hot loops of GEMM v3 and attention v2 are held to ≤ 4 instructions per FFMA by a
 # compile-tier test (`tests/test_xray.py`).
 
@@ -298,8 +300,8 @@ for name in ("gemm_v1", "gemm_v2", "gemm_v3"):
 # with loads in which consecutive lanes read consecutive k: 4 sectors for 128 bytes, perfect.
 # v2's `b_tile` is read "transposed" (`b_tile[tx, kk]`); its row padding (`TILE + 1`) keeps those
 # reads conflict-free. v3 stages BK-deep slabs stored k-major: how its staging stores and register
-# loads fare is in the table (the "Ready for the first GPU" issue found the unpadded version's
-# stores 16-way; every shared access of v3 is held to ≤ 2-way by a test).
+# loads fare is in the table (an unpadded slab layout traced 16-way on its staging stores; every
+# shared access of v3 is held to ≤ 2-way by a test).
 
 # %% [markdown]
 # ### The attention ladder

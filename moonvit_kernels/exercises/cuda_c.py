@@ -22,12 +22,14 @@ from .launch import launch_cuda_c
 
 # ============================================================================ running learner source
 def _compile_error_lines(text: str, limit: int = 8) -> str:
-    """The `error:` lines of a g++ log (with the line after each), paths shortened to the file name."""
+    """The `error:` lines of a g++ log (with the line after each), in the learner's line numbers (their
+    source opens the compiled module) and with the emulator's headers named by file."""
     lines = text.splitlines()
     out = []
     for i, line in enumerate(lines):
         if "error" in line and ":" in line:
-            out.append(re.sub(r"\S*/(module\.cpp|\w+\.h|\w+\.cuh)", r"\1", line.strip()))
+            line = re.sub(r"\S*/module\.cpp:(\d+):(\d+):", r"your source, line \1:\2:", line.strip())
+            out.append(re.sub(r"\S*/(\w+\.h|\w+\.cuh)", r"\1", line))
             if i + 1 < len(lines) and lines[i + 1].strip():
                 out.append("    " + lines[i + 1].strip())
         if len(out) >= limit:
