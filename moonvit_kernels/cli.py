@@ -4,6 +4,7 @@ run     encode the bundled inputs (one image + one 2-frame video) with the bundl
 encode  images -> embeddings per image (.npz), on any backend
 encode-dataset  a folder / glob / Parquet list of images -> Parquet shards of embeddings, on Ray Data
 demo    the whole pipeline on the bundled photograph and tiny checkpoint -> PNG pictures
+rope    K3's 2D RoPE frequencies as pictures (PNG) and one interactive page (--html)
 golden  inputs and every intermediate stage as .npz files, for people porting MoonViT
 info    what a checkpoint holds, from the safetensors headers only (no tensor bytes read)
 fetch   only the vision tensors of a (sharded, remote) checkpoint, by ranged reads
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from . import rope_command
 from .bundled import PHOTO, TINY_DIR
 
 # The demo keeps the tiny model (patch 4) to about a thousand patches per image so that the
@@ -551,8 +553,8 @@ def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[
         "01_patch_grid.png": plots.patch_grid_overlay(
             padded, p, config.merge_kernel_size, (plan.new_width, plan.new_height)
         ),
-        "02_rope_frequency_maps.png": plots.rope_frequency_maps(h, w, config.head_dim),
-        "03_rope_offset_invariance.png": plots.rope_offset_invariance(config.head_dim),
+        "02_rope_frequency_maps.png": plots.plot_rope_k3_maps(128, (h, w)),  # K3's RoPE: no weights needed
+        "03_rope_offset_invariance.png": plots.plot_rope_offset_map(128),
         "04_merge_index_map.png": plots.merge_index_map(6, 8, config.merge_kernel_size),  # small: numbers readable
         "05_attention_mask.png": plots.attention_mask_picture(batch.grid_thws),
         "06_pca_features.png": plots.pca_overlay(features, (h, w), padded, p),
@@ -630,6 +632,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--in-patch-limit", type=int, default=DEMO_IN_PATCH_LIMIT, help=f"default {DEMO_IN_PATCH_LIMIT}")
     simulator_flag(demo)
     demo.set_defaults(func=cmd_demo)
+
+    rope = sub.add_parser("rope", help="K3's 2D RoPE as PNG maps (and --html: one interactive page); no weights")
+    rope_command.add_arguments(rope)
+    rope.set_defaults(func=rope_command.run)
 
     gold = sub.add_parser("golden", help="inputs and every intermediate stage as .npz, for porters")
     gold.add_argument("--weights", default=str(TINY_DIR), help="checkpoint directory (default: bundled tiny)")

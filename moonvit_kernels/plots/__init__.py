@@ -34,13 +34,20 @@ from .norm import plot_eps_effect, rmsnorm_output_rms
 from .position import plot_position_grids, position_grids
 from .rope import (
     RopePair,
+    k3_map_frequencies,
+    plot_rope_comb,
+    plot_rope_k3_maps,
+    plot_rope_offset_map,
     plot_rope_pairing,
     rope_angle_maps,
     rope_angle_range,
+    rope_comb,
     rope_frequency_maps,
     rope_offset_invariance,
+    rope_offset_map,
     rope_offset_scores,
     rope_pairs,
+    rope_wavelengths,
 )
 from .timing import markdown_table, median_seconds, plot_timings
 
@@ -52,6 +59,13 @@ __all__ = [
     "parameter_table",
     "flop_table",
     "rope_angle_maps",
+    "rope_comb",
+    "plot_rope_comb",
+    "rope_offset_map",
+    "plot_rope_offset_map",
+    "rope_wavelengths",
+    "k3_map_frequencies",
+    "plot_rope_k3_maps",
     "rope_frequency_maps",
     "rope_angle_range",
     "rope_offset_scores",
