@@ -52,6 +52,9 @@ from moonvit_kernels.numba_backend.rope import rope2d
 from moonvit_kernels.plots import (
     error_heatmap,
     markdown_table,
+    plot_rope_comb,
+    plot_rope_k3_maps,
+    plot_rope_offset_map,
     plot_rope_pairing,
     rope_angle_range,
     rope_frequency_maps,
@@ -313,6 +316,25 @@ rope_frequency_maps(SIDE, SIDE, K3_HD, "angle", slots=slots)
 rope_frequency_maps(SIDE, SIDE, K3_HD, "cos", slots=[2 * i for i in range(8)])
 
 # %% [markdown]
+# Those maps are each one slot over the grid. What the *interleaving* does shows best with slots down and
+# positions across: every slot's `cos(angle)` for a token moving along a row (the column grows), and for one
+# moving down a column (the row grows). Along a row only the even (width) slots turn — the odd rows of the
+# picture are flat — and down a column only the odd ones: a comb (`plots.plot_rope_comb`). Fast slots at
+# the top wrap many times across the image; from about slot 40 on, nothing visibly turns within 64 patches.
+
+# %%
+plot_rope_comb(K3_HD, SIDE)
+
+# %% [markdown]
+# Where do the slow slots turn at all? Each panel below draws one width slot (top) and one height slot
+# (bottom) over at least one full period of its own, with the 64×64 image dashed (`plots.plot_rope_k3_maps`,
+# what `moonvit-kernels rope` writes): the slowest slot's period is ~47,000 patches, so inside any image it
+# only ramps — coarse position, carried by a tiny angle.
+
+# %%
+plot_rope_k3_maps(K3_HD, (SIDE, SIDE))
+
+# %% [markdown]
 # **Explore it yourself** (needs `ipywidgets`, `pip install ipywidgets`): sliders for the grid side, the
 # frequency index `i` and the slot (width or height). Without ipywidgets the cell says so and does nothing.
 
@@ -347,6 +369,15 @@ if widgets is not None:
 # %%
 rope_offset_invariance(32)
 
+# %% [markdown]
+# In 2-D: `q·k` after RoPE over every (row, column) offset at once, for one query (q = k) whose width slots
+# carry more energy than its height slots. With K3's convention the ridge runs down the Δcol = 0 column:
+# this query tells horizontal positions apart sharply. A port that swaps the axes (width slots turning by
+# the row) gets the **transposed** map — the model would read rows as columns (`plots.plot_rope_offset_map`).
+
+# %%
+plot_rope_offset_map(K3_HD, 32)
+
 
 # %% [markdown]
 # ## The two pitfalls, measured
@@ -374,6 +405,23 @@ ports = {
 }
 for name, q_port in ports.items():
     print(f"{name:42s} max |kernel − port| / max|q| = {np.abs(q_kernel - q_port).max() / np.abs(q64).max():.2e}")
+
+# %% [markdown]
+# ## Predicted, and measured
+#
+# What the X-ray (notebook 07) predicts for this stage's kernels at K3 shapes: the roofline on the H200's
+# datasheet peaks — the time floor from the traffic no tiling can avoid, and the bound of each kernel as
+# written (its global loads as requested). Model, no GPU: floors, not timings. Once a `gpu_check` report
+# from a real GPU is committed under `benchmarks/results/`, its measurements appear beside them.
+
+# %%
+from IPython.display import Markdown, display
+
+from moonvit_kernels.plots import markdown_table, prediction_rows
+
+header, rows, note = prediction_rows("03")
+display(Markdown(markdown_table(header, rows)))
+print(note)
 
 # %% [markdown]
 # ## Exercises

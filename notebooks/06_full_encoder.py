@@ -269,6 +269,23 @@ else:
         print(f"{label:40s} {sec:8.2f} s  ({kind})")
 
 # %% [markdown]
+# ## Predicted, and measured
+#
+# What the X-ray (notebook 07) predicts for this stage's kernels at K3 shapes: the roofline on the H200's
+# datasheet peaks — the time floor from the traffic no tiling can avoid, and the bound of each kernel as
+# written (its global loads as requested). Model, no GPU: floors, not timings. Once a `gpu_check` report
+# from a real GPU is committed under `benchmarks/results/`, its measurements appear beside them.
+
+# %%
+from IPython.display import Markdown, display
+
+from moonvit_kernels.plots import markdown_table, prediction_rows
+
+header, rows, note = prediction_rows("06")
+display(Markdown(markdown_table(header, rows)))
+print(note)
+
+# %% [markdown]
 # ## Exercises
 #
 # ### Your turn: write the kernel

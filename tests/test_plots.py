@@ -164,6 +164,24 @@ def test_rope_command_writes_the_pictures_and_one_self_contained_page(tmp_path, 
     assert cli.main(["rope", "--out", str(tmp_path / "rope.svg")]) == 2
 
 
+def test_prediction_rows_put_measured_beside_predicted_only_when_a_report_exists(tmp_path):
+    header, rows, note = plots.prediction_rows("01", results_dir=tmp_path)
+    assert len(rows) == 5 and all(r[-1] == "—" for r in rows) and "nothing yet" in note
+    floor = float(rows[0][5].replace(",", ""))
+    assert floor == pytest.approx(2 * 4096 * 4608 * 1024 / 67e12 * 1e6, rel=1e-3)  # wqkv at the fp32 datasheet peak
+    run = tmp_path / "H200-2026-12-24"
+    run.mkdir()
+    (run / "results.csv").write_text(
+        "section,item,backend,unit,rate,median_ms,shape\nkernels,gemm numba v3,numba,TFLOP/s,21.5,0.9,4096x4608x1024\n"
+    )
+    _, rows, note = plots.prediction_rows("01", results_dir=tmp_path)
+    measured = {r[0]: r[-1] for r in rows}
+    assert "21.5 TFLOP/s" in measured["`gemm_v3_none` (numba)"] and "H200-2026-12-24" in note
+    assert measured["`gemm_v1_none` (numba)"] == "—"
+    with pytest.raises(ValueError, match="stage"):
+        plots.prediction_rows("99")
+
+
 # ============================================================================ errors
 def test_error_heatmap_shows_the_error_matrix():
     rng = np.random.default_rng(0)

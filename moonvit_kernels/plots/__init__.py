@@ -13,6 +13,7 @@ chosen, nothing is shown twice; Jupyter displays a figure that ends a cell; save
 - `images`: Images: the patch (and merge) grid over a picture, PCA of patch features as colours.
 - `errors`: Errors: |got − ref| heat maps, and a backend comparison (`compare.StageReport`) per stage.
 - `launch`: Launches: which block and thread of a 2-D grid owns each element of an output.
+- `prediction`: Prediction beside measurement: the X-ray's roofline for a stage's kernels, gpu_check's numbers.
 - `timing`: Timing and tables: median of repeated calls, labelled bars of times, Markdown tables.
 """
 
@@ -32,6 +33,7 @@ from .merge import merge_index_map, merge_index_table, merged_to_grid
 from .model import CountRow, Stage, flop_table, parameter_table, plot_architecture, stage_shapes
 from .norm import plot_eps_effect, rmsnorm_output_rms
 from .position import plot_position_grids, position_grids
+from .prediction import measured_reports, prediction_rows
 from .rope import (
     RopePair,
     k3_map_frequencies,
@@ -96,6 +98,8 @@ __all__ = [
     "error_heatmap",
     "stage_report_series",
     "plot_stage_report",
+    "measured_reports",
+    "prediction_rows",
     "median_seconds",
     "plot_timings",
     "markdown_table",
