@@ -405,7 +405,7 @@ print(note)
 #
 # Two single-head attention kernels, one thread per query (`L = 23`, then 37 queries and keys over two
 # blocks, `head_dim = 16`), then attention v2's tiled loop, each with a gap between `▼` and `▲`. The test
-# data are chosen so scores reach ±100: `exp` of that overflows fp32 (above ≈ 88.7). `check(name, kernel)`
+# data are chosen so scores reach ±200: `exp` of that overflows fp32 (above ≈ 88.7). `check(name, kernel)`
 # runs your kernel (simulator or GPU) against NumPy and says which queries and dims are wrong, NaN, never
 # written, a race, or the known bug it reproduces. As committed the checks report failures. A failing
 # check shows a first hint; `hint("attention_softmax")` shows them all, `solution(...)` prints a solution.
