@@ -220,7 +220,7 @@ def plot_rope_k3_maps(head_dim: int = 128, grid: tuple[int, int] = (64, 64), pan
             ax.set_title(f"{axis} slot {2 * i + r}, i={i}\nλ = {lam[i]:,.0f} patches", fontsize=7)
             share = max(gh, gw) / extent
             if share < 0.1:
-                ax.text(0.03, 0.97, f"image: {share:.1%}\nof a period", transform=ax.transAxes, fontsize=6,
+                ax.text(0.03, 0.97, f"image: {share * 100:.2g}%\nof a period", transform=ax.transAxes, fontsize=6,
                         va="top", bbox={"facecolor": "w", "alpha": 0.8, "lw": 0})  # fmt: skip
             ax.tick_params(labelsize=6)
             ax.set_xlabel("column", fontsize=7, labelpad=1)
@@ -229,7 +229,7 @@ def plot_rope_k3_maps(head_dim: int = 128, grid: tuple[int, int] = (64, 64), pan
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="cos(angle)")
     fig.suptitle(
         f"K3's 2D RoPE (head_dim {head_dim}, θ = 10000): width slots vary along columns, height slots along rows. "
-        f"Dashed: a {gh}×{gw}-patch image",
+        f"Dashed: the image ({gh}×{gw} patches)",
         fontsize=9,
     )
     return fig
