@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 from scipy.special import erf
-from threadpoolctl import threadpool_limits
 
 from .config import ROPE_MAX_SIDE, ROPE_THETA, VisionConfig
 from .weights import check_weights
@@ -376,9 +375,21 @@ def attention(
         # Blocks write disjoint parts of out/lse; NumPy releases the GIL inside them, so the
         # softmax work (single-threaded in NumPy) spreads over the CPU cores. One BLAS thread per
         # block: the blocks already fill the cores, and nested BLAS threads would fight them.
-        with threadpool_limits(1, user_api="blas"):
+        with _one_blas_thread():
             list(_pool().map(attend, blocks))
     return (out, lse) if return_lse else out
+
+
+def _one_blas_thread() -> Any:
+    """BLAS limited to one thread (threadpoolctl) where threadpoolctl is installed; else a no-op (CUDA
+    images ship without it: the reference must import there, only its CPU speed is at stake)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        import contextlib
+
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
 
 
 # ============================================================================ 3d. encoder

@@ -288,6 +288,10 @@ def _module(device: tuple[str, int], source: str, names: tuple[str, ...]) -> Any
     """The RawModule of `source` for `device` (API, id; called while it is current)."""
     cp = _cupy()
     require_sm80()
+    if not is_emulated():
+        from .toolchain import check_toolchain
+
+        check_toolchain()  # one clear message when a pip compiler is ahead of the driver
     options = kcuda.compile_options(_nvrtc_major())
     return cp.RawModule(code=kcuda.load_source(source), options=options, name_expressions=names)
 
