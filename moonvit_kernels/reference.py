@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from scipy.special import erf
 
+from . import packing
 from .config import ROPE_MAX_SIDE, ROPE_THETA, VisionConfig
 from .weights import check_weights
 
@@ -125,9 +126,8 @@ def validate_grid_thws(grid_thws: Any, config: VisionConfig) -> np.ndarray:
 
 
 def cu_seqlens(grid_thws: np.ndarray) -> np.ndarray:
-    """Cumulative token offsets `[0, t0*h0*w0, ...]` (int64, length N + 1) of packed items."""
-    sizes = np.prod(np.asarray(grid_thws, dtype=np.int64), axis=1)
-    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    """Cumulative token offsets `[0, t0*h0*w0, ...]` (int64, length N + 1) of packed items (`packing.cu_seqlens`)."""
+    return packing.cu_seqlens(grid_thws).astype(np.int64)
 
 
 # ============================================================================ 1. patch embedding
