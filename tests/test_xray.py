@@ -510,7 +510,8 @@ def test_counts_take_the_traced_conflict_factors():
     ]
     assert launch_counts.conflict_factors(tr) == (2.0, 2.0)
     c = launch_counts.count(fn, 2 * 64 * 1000, trace=tr)
-    assert (c.load_factor, c.conflicts) == (2.0, "traced") and c.shared_wavefronts == 1000 * 9 * 2
+    assert (c.load_factor, c.conflicts) == (2.0, "traced: loads x2.00, stores x2.00 the ideal wavefronts")
+    assert c.shared_wavefronts == 1000 * 9 * 2
     tr.error = "failed"
     assert launch_counts.conflict_factors(tr) is None
 

@@ -137,7 +137,8 @@ def count(
         return None
     factors = conflict_factors(trace)
     load_f, store_f = factors if factors else (1.0, 1.0)
-    counts = LaunchCounts([], 0.0, 0.0, 0.0, load_f, store_f, "traced" if factors else UNTRACED, notes)
+    how = f"traced: loads x{load_f:.2f}, stores x{store_f:.2f} the ideal wavefronts" if factors else UNTRACED
+    counts = LaunchCounts([], 0.0, 0.0, 0.0, load_f, store_f, how, notes)
     for loop, share in chosen:
         trips = share * flops / 2 / loop_multiply_adds(loop)
         counts.loops.append((loop.start, trips))

@@ -77,14 +77,15 @@ def plot(
     Lines: the DRAM slope and the compute roofs of the GPU (FFMA, mma.sync, wgmma where it exists).
     Per kernel, at its compulsory intensity (FLOPs / DRAM bytes): a filled marker at the rate its
     bound allows (FLOPs / bound time), and where the kernel has them, its own shared-memory (▽) and
-    issue (×) roofs as the rates they alone would allow. Measured rates (`calibration.calibrate` rows
+    issue (×) roofs as the rates they alone would allow (kernels sharing an intensity are spread
+    along x by factors of 1.3, so that they stay apart). Measured rates (`calibration.calibrate` rows
     on this GPU) are stars at the intensity of the kernel they timed."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 6))  # no pyplot: works under any backend, inline or headless
+    fig = Figure(figsize=(11, 6))  # no pyplot: works under any backend, inline or headless
     ax = fig.subplots()
-    xs = [10 ** (k / 20) for k in range(-60, 101)]
+    xs = [10 ** (k / 20) for k in range(-30, 81)]
     bw = gpu.dram_bytes_per_s
     ax.plot(xs, [x * bw / 1e12 for x in xs], ":", color="grey", lw=1)
     for peak, style in (("fp32", "-"), ("mma_sync", "--"), ("wgmma", "-.")):
@@ -96,10 +97,13 @@ def plot(
                 label=f"{COMPUTE_ROOFS[peak]} roof, {p / 1e12:.0f} TFLOP/s / DRAM")  # fmt: skip
     families = sorted({info.family for info, _ in points})
     colours = dict(zip(families, colormaps["tab10"].colors, strict=False))
+    shared_x: dict[float, int] = {}  # kernels at one intensity (the GEMM versions) are spread apart
     for info, bd in points:
         if not info.flops or not info.dram_bytes:
             continue
-        x = info.flops / info.dram_bytes
+        x0 = round(info.flops / info.dram_bytes, 6)
+        x = x0 * 1.3 ** shared_x.get(x0, 0)
+        shared_x[x0] = shared_x.get(x0, 0) + 1
         c = colours[info.family]
         marker = "o" if info.backend == "numba" else "s"
         ax.scatter([x], [info.flops / bd.seconds / 1e12], color=c, marker=marker, zorder=3)
@@ -107,8 +111,8 @@ def plot(
             if bd.roofs.get(roof):
                 ax.scatter([x], [info.flops / bd.roofs[roof] / 1e12], color=c, marker=m, s=30, zorder=3,
                            facecolors="none" if m == "v" else None)  # fmt: skip
-        ax.annotate(f"{info.family} {info.version} ({bd.limit})", (x, info.flops / bd.seconds / 1e12), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")  # fmt: skip
+        ax.annotate(f"{info.version} ({bd.limit})", (x, info.flops / bd.seconds / 1e12), fontsize=6, rotation=30,
+                    xytext=(3, 2), textcoords="offset points")  # fmt: skip
     for cal in measured:
         if not cal.kernel:
             continue
@@ -130,7 +134,7 @@ def plot(
     ax.set_ylabel("attainable TFLOP/s")
     ax.set_title(f"Roofline {gpu.name} ({gpu.arch}), K3 shapes — model, no GPU" + (" + measured" if measured else ""))
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
