@@ -394,11 +394,11 @@ for backend, label in labels:
     counts = launch_counts.count(fn, info.flops, info.fma_shares, traces_of.get((backend, label))) if fn else None
     bd = roofline.bound(info, h200, counts)
     points.append((info, bd))
-    us = {k: f"{v * 1e6:,.0f}" for k, v in bd.roofs.items()}
+    us = {k: f"{v * 1e6:,.1f}" for k, v in bd.roofs.items()}
     compute = roofline.COMPUTE_ROOFS[info.peak]
     rows.append(
         (f"{backend}: {label}", f"{compute} {us[compute]}", us["DRAM"], us.get("shared", "no SASS here"),
-         us.get("issue", "-"), f"**{bd.seconds * 1e6:,.0f}**", bd.limit)
+         us.get("issue", "-"), f"**{bd.seconds * 1e6:,.1f}**", bd.limit)
     )  # fmt: skip
 display(
     Markdown(
@@ -417,9 +417,11 @@ print(calibration.results_files() or calibration.NO_GPU_RUN)
 # from shared memory for every FFMA, six times its FFMA roof. The tensor-core flash attention
 # (mma.sync) reads K and V with `ldmatrix.x4` — 64 of them (4 wavefronts each) per 128 MMAs per warp
 # and key tile — and is held by shared memory too, just above its mma.sync roof; measured against the
-# wgmma peak it could never reach, its bound would have been half as long. The Hopper GEMM (wgmma)
-# reads its operands through matrix descriptors, which this model does not count: its wgmma roof
-# binds. RMSNorm streams x in and out: DRAM. (Triangles in the picture: each kernel's own
+# wgmma peak it could never reach, its bound would have been half as long. The Hopper GEMM is not
+# compiled here (the X-ray report has its SASS); its wgmma reads operands through matrix
+# descriptors, which the shared roof does not count, and its wgmma roof binds. GEMM v1 has no
+# shared memory but so many instructions per FFMA that issue binds. RMSNorm streams x in and out:
+# DRAM. (Triangles in the picture: each kernel's own
 # shared-memory roof; crosses: its issue roof.) Section 6 takes one of them apart by hand.
 
 # %% [markdown]

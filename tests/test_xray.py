@@ -299,7 +299,7 @@ def test_hopper_kernels_in_the_xray(tmp_path, monkeypatch):
     assert (hop.arch, hop.registers, hop.stack_bytes, hop.threads) == ("sm_90a", 168, 0, 384)
     assert hop.dynamic_shared == sources.gemm_sm90_smem_bytes(128) and hop.static_shared == 0
     info = catalogue.describe("cuda", hop.label, hop.threads, hop.dynamic_shared)
-    assert (info.family, info.version, info.peak, info.k3) == ("gemm", "CUDA sm90 wgmma", "bf16", True)
+    assert (info.family, info.version, info.peak, info.k3) == ("gemm", "CUDA sm90 wgmma", "wgmma", True)
     assert info.flops == 2.0 * catalogue.L * catalogue.MLP * catalogue.D  # fc0's shape
     attn = catalogue.describe("cuda", "flash_attn_sm90_hd128", 256)
     assert attn.family == "attention" and attn.flops > 0
@@ -636,7 +636,12 @@ def test_report_covers_every_kernel_of_both_backends(tmp_path):
         assert int(row["blocks_per_sm"]) >= 1 or row["limiter"] == "cannot launch", row
         if row["k3"] == "True" and row["family"] in ("gemm", "attention"):
             assert float(row["roofline_us"]) > 0 and row["hot_loop_per_fma"], row
-    assert (tmp_path / "xray.md").read_text().count("## ") >= 10
+            assert row["roof_shared_us"] and row["roof_issue_us"] and row["roofline_limit"] in roofline.ROOFS, row
+    md = (tmp_path / "xray.md").read_text()
+    assert md.count("## ") >= 10 and "## Calibration against a GPU run" in md
+    from moonvit_kernels.xray import calibration
+
+    assert ("No GPU run yet" in md) == (not calibration.results_files())  # said plainly until a run lands
     assert (tmp_path / "roofline_H200.png").exists() and (tmp_path / "hot_loop_instr_per_fma.png").exists()
     assert "model, no GPU" in r.stdout
     # the KERNEL filter (cubins now cached): one family, and a name that matches nothing
