@@ -168,6 +168,24 @@ def test_launch_geometry_and_shared_memory_limits(dev):
         k((1,), (32,), args, shared_mem=64 * 1024)
 
 
+def test_a_block_the_register_file_cannot_hold_is_refused(dev):
+    """The hardware's rule, not registers x threads <= 65536: 80 registers per thread fit 768 threads, not 800."""
+    k = dev.RawModule(code=_KERNEL).get_function("scale")
+    x = dev.asarray(np.zeros(8, np.float32))
+    k.num_regs = 80
+    k((1,), (768,), (x, np.int32(8), np.float32(1)))
+    with pytest.raises(device.LaunchError, match="too many resources requested for launch"):
+        k((1,), (800,), (x, np.int32(8), np.float32(1)))
+
+
+def test_catalogue_kernels_carry_their_register_bound(dev):
+    from moonvit_kernels.cuda_backend import sources as kcuda
+
+    spec = next(s for s in kcuda.kernel_specs() if s.source == "rmsnorm.cu")
+    module = dev.RawModule(code=kcuda.load_source("rmsnorm.cu"), name_expressions=(spec.name,))
+    assert module.get_function(spec.name).num_regs == spec.max_registers > 0
+
+
 def test_new_device_memory_is_poisoned():
     assert np.isnan(device.empty(3, np.float32).get()).all()
     assert (device.empty(3, np.uint16).get() == 0x7FC0).all()  # a bf16 NaN
