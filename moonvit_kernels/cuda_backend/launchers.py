@@ -10,7 +10,7 @@ CUDA context of the whole process, so those checks happen on the host, before th
 bfloat16 arrays: CuPy has no bfloat16 dtype, so bf16 tensors are `cupy.uint16` arrays holding the
 bf16 bit patterns (`to_bf16` / `from_bf16` convert). A dtype "name" below is "float32" or
 "bfloat16". CuPy is imported lazily: this module imports without it, and the host-side index
-tables (`token_positions`, `merge_sources`, `cu_seqlens_int32`) need only NumPy.
+tables (`token_positions`, `merge_sources`, `cu_seqlens_int32`, from `moonvit_kernels.packing`) need only NumPy.
 
 Modules are compiled by NVRTC on first use (`cupy.RawModule`, template kernels through
 `name_expressions`) with the same source text and options as the compile check
@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import packing
 from . import sources as kcuda
 
 FLOAT32 = "float32"
@@ -72,44 +73,10 @@ def is_emulated() -> bool:
 
 
 # ============================================================================ host-side index tables
-def cu_seqlens_int32(grid_thws: Any) -> np.ndarray:
-    """`[0, t0·h0·w0, ...]` (int32, length N + 1): token offsets of the packed items."""
-    g = np.asarray(grid_thws, dtype=np.int64).reshape(-1, 3)
-    out = np.concatenate([[0], np.cumsum(np.prod(g, axis=1))])
-    if out[-1] > np.iinfo(np.int32).max:
-        raise ValueError(f"{out[-1]} tokens do not fit the kernels' int32 indices")
-    return out.astype(np.int32)
-
-
-def token_positions(grid_thws: Any) -> np.ndarray:
-    """`[L, 4]` int32 rows `(item, frame, row, col)`: where each packed token's patch sits.
-
-    Tokens of item `(t, h, w)` run frame by frame, then row by row; every frame repeats the
-    same (row, col) grid (RoPE and the position grid are per frame)."""
-    parts = []
-    for item, (t, h, w) in enumerate(np.asarray(grid_thws, dtype=np.int64).reshape(-1, 3).tolist()):
-        idx = np.arange(t * h * w)
-        frame, within = np.divmod(idx, h * w)
-        row, col = np.divmod(within, w)
-        parts.append(np.stack([np.full_like(idx, item), frame, row, col], axis=1))
-    return np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.int32)
-
-
-def merge_sources(grid_thws: Any, merge_kernel_size: tuple[int, int]) -> np.ndarray:
-    """`[M, 4]` int32 rows `(base, t, frame_stride, w)` for merge.cu, one per merged token.
-
-    Merged token `(i, j)` of item `(t, h, w)` starting at token `s`: `base = s + kh·i·w + kw·j`
-    (slot (0, 0) of frame 0), `frame_stride = h·w`; slot `(a, b)` of frame `f` is token
-    `base + f·h·w + a·w + b`. Merged tokens are numbered item by item, `m = i·(w/kw) + j`."""
-    kh, kw = merge_kernel_size
-    parts = []
-    start = 0
-    for t, h, w in np.asarray(grid_thws, dtype=np.int64).reshape(-1, 3).tolist():
-        i, j = np.divmod(np.arange((h // kh) * (w // kw)), w // kw)
-        base = start + kh * i * w + kw * j
-        parts.append(np.stack([base, np.full_like(base, t), np.full_like(base, h * w), np.full_like(base, w)], axis=1))
-        start += t * h * w
-    return np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.int32)
+# (one definition, in moonvit_kernels.packing; the names the CUDA C backend has always used)
+cu_seqlens_int32 = packing.cu_seqlens
+token_positions = packing.token_positions
+merge_sources = packing.merge_sources
 
 
 # ============================================================================ bf16 on the device
@@ -288,6 +255,10 @@ def _module(device: tuple[str, int], source: str, names: tuple[str, ...]) -> Any
     """The RawModule of `source` for `device` (API, id; called while it is current)."""
     cp = _cupy()
     require_sm80()
+    if not is_emulated():
+        from .toolchain import check_toolchain
+
+        check_toolchain()  # one clear message when a pip compiler is ahead of the driver
     options = kcuda.compile_options(_nvrtc_major())
     return cp.RawModule(code=kcuda.load_source(source), options=options, name_expressions=names)
 

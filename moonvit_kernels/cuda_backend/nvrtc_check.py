@@ -11,8 +11,8 @@ the NVRTC's CUDA major) and template instantiations the CuPy launchers use, plus
 (ptxas reports registers, spills and shared memory per kernel). The report is a table
 kernel | arch | registers | spills | stack | shared memory, and a kernel fails when it did not
 compile, spills, has a larger stack frame than allowed (`KernelSpec.max_stack`), exceeds its
-register bound (`KernelSpec.max_registers`) or 65536 registers per block, or needs more shared
-memory than the architecture gives a block.
+register bound (`KernelSpec.max_registers`) or the register file's launch rule (`launch_rules`:
+per warp, per SM sub-partition), or needs more shared memory than the architecture gives a block.
 
 Architectures: sm_80 and sm_90 build the portable files; sm_90a (`--gpu-architecture=sm_90a`, the
 arch-specific features wgmma, tensor copies and setmaxnreg) builds the Hopper files
@@ -39,6 +39,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import launch_rules
 from . import sources as kcuda
 
 # Worker processes start by spawn: a fork of a process with other threads (the X-ray runs this beside a
@@ -56,7 +57,6 @@ def check_arch(arch: str) -> None:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(SMEM_PER_BLOCK)}")
 
 
-REGISTERS_PER_BLOCK = 65536
 # Head dims compiled by default: the real model (128), the tiny test config (24), and one more.
 DEFAULT_HEAD_DIMS = (128, 24, 64)
 
@@ -200,8 +200,8 @@ def judge(spec: kcuda.KernelSpec, info: PtxasInfo | None, arch: str, warnings: S
         problems.append(f"{info.stack_bytes} B stack frame (local memory) > allowed {spec.max_stack} B")
     if info.registers > spec.max_registers:
         problems.append(f"{info.registers} registers > bound {spec.max_registers}")
-    if info.registers * spec.threads > REGISTERS_PER_BLOCK:
-        problems.append(f"{info.registers} x {spec.threads} threads > {REGISTERS_PER_BLOCK} registers per block")
+    if register_problem := launch_rules.register_problem(info.registers, spec.threads):
+        problems.append(register_problem)
     smem = info.static_smem + spec.dynamic_smem
     limit = SMEM_PER_BLOCK.get(arch, 48 * 1024)
     if smem > limit:

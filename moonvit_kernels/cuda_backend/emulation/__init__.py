@@ -33,21 +33,8 @@ from .build import compiler
 
 HERE = Path(__file__).resolve().parent
 HEAD_DIMS = tuple(range(8, kcuda.MAX_HEAD_DIM + 1, 8))  # attention head dims the kernels (and so the emulator) take
-# the address tracer's build (tracing.py) still compiles driver.cpp's fixed entry points
-_STANDINS = ("prelude.h", "ptx.cuh", "cuda_bf16.h", "driver.cpp")
 _DYNAMIC_SMEM = build.DYNAMIC_SMEM
 _EPI = kcuda.EPILOGUES
-
-
-def _sources_digest() -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    for name in (*kcuda.PORTABLE_SOURCES, "common.cuh"):
-        h.update((kcuda.KERNEL_DIR / name).read_bytes())
-    for name in _STANDINS:
-        h.update((HERE / name).read_bytes())
-    return h.hexdigest()[:16]
 
 
 @functools.cache

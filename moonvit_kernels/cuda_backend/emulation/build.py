@@ -114,7 +114,8 @@ def for_emulator(code: str) -> str:
     inline PTX) replaced by `#include`s of their stand-ins, and the dynamic shared-memory declaration
     taken from the emulated block."""
     code = _INLINED_PTX.sub(lambda m: f'#include "{m.group(1)}"\n#line {m.group(2)} "{m.group(3)}"', code)
-    return _DYNAMIC_SMEM_ANY.sub("unsigned char* smem_raw = emu::dynamic_smem();", code)
+    code = _DYNAMIC_SMEM_ANY.sub("unsigned char* smem_raw = emu::dynamic_smem();", code)
+    return "#ifndef __grid_constant__\n#define __grid_constant__\n#endif\n" + code
 
 
 def build_library(
@@ -125,19 +126,24 @@ def build_library(
     tag: str,
     extra_flags: Sequence[str] = (),
     replace_standins: Mapping[str, str] | None = None,
+    units: Sequence[tuple[str, Sequence[str]]] | None = None,
+    flags: Sequence[str] = CXXFLAGS,
 ) -> Path:
     """Compile `files` (name -> C++ text, written to one folder) with `main` as the translation unit,
     `prelude.h` force-included and `standins` (from this folder, or their replacement texts) on the
-    include path; return the path of the cached shared library."""
+    include path; return the path of the cached shared library. `units` instead compiles several
+    translation units, each with its own extra flags (the tracer instruments the kernels, not its
+    hooks), and links them; `flags` replaces the default compiler flags."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("the CUDA C emulator needs a C++20 compiler (g++ >= 11); set CXX")
     replace = dict(replace_standins or {})
     standin_text = {n: replace.get(n) or (HERE / n).read_text(encoding="utf-8") for n in standins}
+    units = list(units) if units else [(main, ())]
     h = hashlib.sha256()
     for name, text in sorted({**files, **{f"include/{n}": t for n, t in standin_text.items()}}.items()):
         h.update(name.encode() + b"\0" + text.encode() + b"\0")
-    h.update(" ".join((cxx, *CXXFLAGS, *extra_flags, main)).encode())
+    h.update(repr((cxx, tuple(flags), tuple(extra_flags), [(u, tuple(f)) for u, f in units])).encode())
     h.update(Path(__file__).read_bytes())
     build = Path(tempfile.gettempdir()) / f"moonvit_emu_{tag}_{h.hexdigest()[:16]}"
     lib_path = build / f"lib{tag}.so"
@@ -151,11 +157,19 @@ def build_library(
     for name, text in standin_text.items():
         (inc / name).write_text(text, encoding="utf-8")
     tmp = build / f"lib.{os.getpid()}.so"
-    cmd = [cxx, *CXXFLAGS, *extra_flags, f"-I{inc}", f"-I{src}", "-include", str(inc / "prelude.h")]
-    cmd += [str(src / main), "-o", str(tmp)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"building the CUDA C emulator ({tag}) failed:\n{' '.join(cmd)}\n{r.stderr[-6000:]}")
+    compile_flags = [f for f in (*flags, *extra_flags) if f != "-shared"]
+    head = [cxx, *compile_flags, f"-I{inc}", f"-I{src}", "-include", str(inc / "prelude.h")]
+    steps = []
+    if len(units) == 1:
+        steps.append([*head, *units[0][1], "-shared", str(src / units[0][0]), "-o", str(tmp)])
+    else:
+        objects = [str(build / f"{Path(u).stem}.{os.getpid()}.o") for u, _ in units]
+        steps += [[*head, *f, "-c", str(src / u), "-o", o] for (u, f), o in zip(units, objects, strict=True)]
+        steps.append([cxx, "-shared", "-pthread", *objects, "-o", str(tmp)])
+    for cmd in steps:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"building the CUDA C emulator ({tag}) failed:\n{' '.join(cmd)}\n{r.stderr[-6000:]}")
     os.replace(tmp, lib_path)  # atomic: a concurrent builder never loads a half-written library
     return lib_path
 

@@ -14,6 +14,8 @@ What the device enforces, as a GPU does (each refusal is a `LaunchError` naming 
   equal the kernel parameter's and each alignment must be at least the parameter's;
 - an array argument must live on the current device (a pointer from another GPU faults there);
 - grid and block limits (block x, y <= 1024, z <= 64, x·y·z <= 1024; grid x < 2^31, y, z <= 65535);
+- the register file's launch rule (`launch_rules.register_problem`) at the kernel's registers (the
+  catalogue's bound, which the compile tier holds the real count to);
 - dynamic shared memory above 48 KB only after `max_dynamic_shared_size_bytes` was raised, and never
   above the device's opt-in limit.
 Arrays (`ndarray`, a NumPy subclass) carry the device they were made on; `empty` fills new memory with
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -34,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import launch_rules
 from . import build
 
 EMULATED = True
@@ -270,13 +274,17 @@ class Function:
     def __init__(self, module: RawModule, name: str):
         self.module, self.name = module, name
         self.max_dynamic_shared_size_bytes = DEFAULT_SMEM
-        self.num_regs = -1  # not known without a GPU build
+        # registers per thread: no GPU build here, so the catalogue's bound (the compile tier asserts the
+        # real count stays at or below it); -1 for kernels the catalogue does not know
+        self.num_regs = _catalogue_registers(name)
         self.local_size_bytes = -1
 
     def __call__(self, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], *, shared_mem: int = 0,
                  stream: Any = None, enable_cooperative_groups: bool = False) -> None:  # fmt: skip
         g, b = _dims(grid, "grid"), _dims(block, "block")
         _check_geometry(self.name, g, b)
+        if self.num_regs > 0 and (why := launch_rules.register_problem(self.num_regs, math.prod(b))):
+            raise LaunchError(f"{self.name}: too many resources requested for launch: {why}")
         props = _PROPS[_CURRENT[0]]
         if shared_mem > self.max_dynamic_shared_size_bytes:
             raise LaunchError(
@@ -345,6 +353,19 @@ class RawModule:
             self.library()  # build on first use, as CuPy compiles on first use
             self._functions[name] = Function(self, name)
         return self._functions[name]
+
+
+@functools.cache
+def _register_bounds() -> dict[str, int]:
+    from .. import sources as kcuda
+
+    head_dims = tuple(range(8, kcuda.MAX_HEAD_DIM + 1, 8))
+    specs = kcuda.kernel_specs(head_dims) + kcuda.hopper_specs(tuple(h for h in head_dims if h <= 128))
+    return {s.name: s.max_registers for s in specs}
+
+
+def _catalogue_registers(name: str) -> int:
+    return _register_bounds().get(name, -1)
 
 
 def _dims(d: Any, what: str) -> tuple[int, int, int]:

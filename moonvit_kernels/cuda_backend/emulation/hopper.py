@@ -115,7 +115,7 @@ def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32",
             shifted = device.empty(b.size + 8, b.dtype)
             shifted[: b.size] = b.reshape(-1)
             b_dev = shifted[8:].reshape(b.shape)
-        up = (lambda x: None if x is None else device.asarray(np.ascontiguousarray(x)))
+        up = lambda x: None if x is None else device.asarray(np.ascontiguousarray(x))
         got = _hopper_launchers().gemm(
             device.asarray(a), b_dev, epilogue=epilogue, residual=up(residual), out=up(out), out_dtype=out_dtype,
             block_n=block_n,
