@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--simulate", action="store_true", help="no GPU: the CUDA C emulator on the CPU, tiny sizes")
     args = p.parse_args(argv)
     sections = "kernels" if args.skip_tower else "kernels,tower"
-    forwarded = ["--backends", "cuda", "--sections", sections, "--out", str(args.out)]
+    forwarded = ["--backends", "cuda,hopper", "--sections", sections, "--out", str(args.out)]
     if args.simulate:  # the simulated plan's own tiny sizes and single runs
         forwarded.append("--simulate")
     else:
