@@ -355,6 +355,9 @@ def test_measure_kernel_counts_calls_per_window_flushes_and_launch_gaps():
     t = measure_kernel(late.run, late, repeats=3, warmup=0, inner=5, cold_repeats=2)
     assert t.gap_free == "no (3 of 3 warm, 2 of 2 cold windows opened early)"
     assert late.flushes >= 1 + 2 + 4 + 1 + 2  # doubled after each early window
+    slow = ScriptedClock(call_s=0.2, flush_s=1e-4, lag=100)  # 0.2 s a call, 1 s per measurement
+    t = measure_kernel(slow.run, slow, repeats=10, warmup=0, inner=20, cold_repeats=10, max_seconds=1.0)
+    assert (t.inner, t.warm.runs, t.cold.runs) == (1, 3, 3) and t.warm.median == pytest.approx(0.2)
 
 
 def test_measure_caps_slow_calls_and_reports_spread():

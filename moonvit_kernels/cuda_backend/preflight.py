@@ -226,12 +226,18 @@ def preflight(
             pass  # an unreadable entry is run again
     if timeout_s is None:
         timeout_s = float(os.environ.get("MOONVIT_PREFLIGHT_TIMEOUT", DEFAULT_TIMEOUT_S))
-    verdict = _run_subprocess(hopper_module, head_dims, timeout_s)
+    try:
+        verdict = _run_subprocess(hopper_module, head_dims, timeout_s)
+    except Exception as e:  # the probe process could not even start
+        return Verdict(False, f"pre-flight could not run: {type(e).__name__}: {e}")
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(asdict(verdict)), encoding="utf-8")
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(asdict(verdict)), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            pass  # an unwritable cache: the verdict holds for this process only
     return verdict
 
 

@@ -220,8 +220,8 @@ def measure_kernel(
     """Time `fn` (which queues one call of the work) with `clock` by the method of the module docstring.
 
     `repeats` warm windows of `inner` calls each and `cold_repeats` single cold calls; with `max_seconds`,
-    both counts are cut (never below 3, or the count asked for if smaller) so that slow work does not
-    eat the run's budget: the first `inner` calls set the pace."""
+    the calls per window and both counts are cut (the counts never below 3, or the count asked for if
+    smaller) so that slow work does not eat the run's budget: one timed call sets the pace."""
     inner, repeats = max(1, inner), max(1, repeats)
     for _ in range(warmup):
         fn()
@@ -229,15 +229,18 @@ def measure_kernel(
         return _measure_on_host(fn, clock, repeats, inner, cold_repeats)
     clock.sync()
     a = clock.mark()
+    fn()
+    pace = clock.seconds(a, clock.mark())  # one call sets the pace (launch overhead included: an upper bound)
+    if max_seconds is not None and pace > 0:
+        inner = min(inner, max(1, int(max_seconds / (4 * pace))))
+        fits = int(max_seconds / (pace * (inner + 2)))
+        repeats = min(repeats, max(min(3, repeats), fits))
+        cold_repeats = min(cold_repeats, max(min(3, cold_repeats), fits))
     t0 = time.perf_counter()
     for _ in range(inner):
         fn()
     host = (time.perf_counter() - t0) / inner
-    pace = clock.seconds(a, clock.mark()) / inner
-    if max_seconds is not None and pace > 0:
-        fits = int(max_seconds / (pace * (inner + 1) + pace * (1 if cold_repeats else 0)))
-        repeats = min(repeats, max(min(3, repeats), fits))
-        cold_repeats = min(cold_repeats, max(min(3, cold_repeats), fits))
+    clock.sync()
     # enough device work queued ahead of each window to cover queueing its calls, 1.5x over
     flushes = max(1, math.ceil(1.5 * host * (inner + 1) / clock.flush_seconds()))
     warm, late = [], 0
