@@ -4,8 +4,8 @@ Packages are told apart three ways: "not installed" (no such module), a version 
 "installed but incompatible" (it is there, its import fails: a wrong CUDA, a missing library); the
 error is kept. The toolchain rows give the version and the loaded library's path of each compiler the
 kernels go through: NVRTC as CuPy loads it and as cuda-bindings loads it, NVVM (numba), nvJitLink.
-`gpu_state()` reads SM and memory clocks, power and temperature (nvidia-smi, else NVML, else it says
-absent). Nothing here installs anything.
+`gpu_state()` reads SM and memory clocks, power and temperature (nvidia-smi, else NVML through ctypes,
+else it says absent). Nothing here installs anything.
 """
 
 from __future__ import annotations
@@ -105,6 +105,29 @@ def gpu_present() -> str | None:
     return None
 
 
+def detect_gpu(timeout_s: float = 90.0) -> tuple[str | None, str]:
+    """`gpu_present()` asked in a subprocess, so that a driver that hangs costs `timeout_s`, not the run:
+    (the GPU's name, "") or (None, why: "" when there is simply no GPU)."""
+    import sys
+
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
+    code = "from moonvit_kernels.gpu_check.machine import gpu_present; print(repr(gpu_present()))"
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return None, f"asking the CUDA driver for a GPU did not finish in {timeout_s:.0f} s (a hung driver?)"
+    lines = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not lines:
+        tail = " | ".join(r.stderr.strip().splitlines()[-2:])
+        return None, f"asking the CUDA driver for a GPU failed (exit status {r.returncode}): {tail}"[:300]
+    import ast
+
+    name = ast.literal_eval(lines[-1])
+    return (str(name), "") if name else (None, "")
+
+
 def gpu_properties() -> dict[str, Any]:
     """SM count, memory, L2, compute capability, driver and runtime versions of device 0 (what can be read)."""
     info: dict[str, Any] = {}
@@ -188,17 +211,31 @@ def gpu_state(simulate: bool = False) -> str:
     if values is not None:
         return format_state(values) + " (nvidia-smi)"
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        sm = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
-        mem = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)
-        power = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
-        temp = pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
-        return format_state([str(sm), str(mem), f"{power:.1f}", str(temp), ""]) + " (NVML)"
+        return _nvml_state() + " (NVML)"
     except Exception as e:
-        return f"absent (no nvidia-smi; NVML: {type(e).__name__})"
+        return f"absent (no nvidia-smi; NVML: {type(e).__name__}: {e})"[:200]
+
+
+def _nvml_state() -> str:
+    """The state line read from NVML itself (libnvidia-ml, through ctypes: no Python package needed)."""
+    import ctypes
+
+    nvml = ctypes.CDLL("libnvidia-ml.so.1")
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            raise RuntimeError(f"{what} returned {rc}")
+
+    check(nvml.nvmlInit_v2(), "nvmlInit_v2")
+    handle = ctypes.c_void_p()
+    check(nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle)), "nvmlDeviceGetHandleByIndex_v2")
+    sm, mem, power, temp = (ctypes.c_uint() for _ in range(4))
+    check(nvml.nvmlDeviceGetClockInfo(handle, 1, ctypes.byref(sm)), "nvmlDeviceGetClockInfo(SM)")
+    check(nvml.nvmlDeviceGetClockInfo(handle, 2, ctypes.byref(mem)), "nvmlDeviceGetClockInfo(MEM)")
+    check(nvml.nvmlDeviceGetPowerUsage(handle, ctypes.byref(power)), "nvmlDeviceGetPowerUsage")
+    check(nvml.nvmlDeviceGetTemperature(handle, 0, ctypes.byref(temp)), "nvmlDeviceGetTemperature")
+    nvml.nvmlShutdown()
+    return format_state([str(sm.value), str(mem.value), f"{power.value / 1000:.1f}", str(temp.value), ""])
 
 
 # ============================================================================ the CUDA toolchain

@@ -108,11 +108,11 @@ def _main(args: argparse.Namespace, command: str) -> int:
             return 2
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # before numba is first imported (here with --in-process)
     else:
-        from .machine import gpu_present
+        from .machine import detect_gpu
 
-        gpu = gpu_present()
+        gpu, why = detect_gpu()
         if gpu is None:
-            print(NO_GPU, file=sys.stderr)
+            print(f"gpu_check: {why}" if why else NO_GPU, file=sys.stderr)
             return 2
         if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
             print(
