@@ -1,8 +1,8 @@
-"""Benchmark the CUDA C kernels (through CuPy) and the CupyBackend tower on a GPU.
+"""Benchmark the CUDA C kernels (through CuPy; the Hopper ones on sm_90) and the CupyBackend tower on a GPU.
 
     PYTHONPATH=. python benchmarks/bench_cupy.py [--tokens 1024 4096] [--repeats 20] [--out DIR] [--skip-tower]
 
-A thin wrapper over `moonvit_kernels.gpu_check` (sections b and c, CUDA C kernels only), which holds
+A thin wrapper over `moonvit_kernels.gpu_check` (sections b and c, backends cuda and hopper), which holds
 the timing (CUDA events, warm-up, median and p10..p90), the baselines measured in the same run
 (cuBLAS bf16 through torch or fp16 through CuPy, cuBLAS fp32 through CuPy, torch SDPA, a
 device-to-device copy), the re-checks of every timed output against NumPy, and the report

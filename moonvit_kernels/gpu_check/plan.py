@@ -27,8 +27,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..config import VisionConfig
 
 SECTION_NAMES = ("tests", "kernels", "tower")
@@ -283,7 +281,3 @@ def grids_for_tokens(tokens: list[int]) -> tuple[tuple[int, int, int], ...]:
             raise ValueError(f"--tokens {L} is not the square of an even side (e.g. 1024 = 32², 4096 = 64²)")
         grids.append((1, side, side))
     return tuple(grids)
-
-
-def grid_array(grid: tuple[tuple[int, int, int], ...]) -> np.ndarray:
-    return np.array(grid, dtype=np.int64)

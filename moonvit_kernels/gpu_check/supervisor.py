@@ -17,7 +17,7 @@ report as it arrives (the item a worker announces is in report.md as "running no
 
 Limits: `startup_timeout_s` before the worker lists its items, then per item `item_timeout_s`
 (`tower_item_timeout_s` for tower cases; the pytest tier and the pre-flight get their own budget plus
-a margin), never past the run's deadline.
+a margin), never more than SECTION_GRACE_S past the section's budget, never past the run's deadline.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from .events import RESULTS_FILE, read_events
 from .report import CRASH, ERRORS_FILE, SKIP, TIMEOUT, Report
 
 POLL_S = 0.1
+SECTION_GRACE_S = 30.0  # an item may outlive its section's budget by this much before it is killed
 
 
 @dataclass
@@ -116,6 +117,9 @@ class Supervisor:
     def run(self, unit: Any, deadline: float) -> None:
         """Run `unit` to its end in as many workers as it takes; its section's budget ends at `deadline`."""
         first, restarts, t0 = 0, 0, time.time()
+        if deadline <= t0 < self.run_deadline:
+            self.report.verdict(unit.section, unit.name, SKIP, "not run: its section's budget was spent")
+            return
         while True:
             if time.time() >= self.run_deadline:
                 self.report.verdict(
@@ -196,12 +200,14 @@ class Supervisor:
                     if w.sticky is not None or code == 3 and not w.done:
                         why = "sticky"
                     elif not w.done:
-                        why = exit_text(code)
+                        why = f"{exit_text(code)} (the worker died; its stack is in errors.log)"
                     break
                 now = time.time()
                 limit = w.last_activity + (startup_limit if w.names is None else item_limit)
                 if now >= self.run_deadline:
                     why = f"watchdog: the run's {self.plan.total_budget:.0f} s limit was reached while it ran"
+                elif now >= deadline + SECTION_GRACE_S:
+                    why = f"timeout: its section's budget ran out {SECTION_GRACE_S:.0f} s before (killed)"
                 elif now >= limit:
                     what = "start-up" if w.names is None else "item"
                     waited, allowed = now - w.last_activity, limit - w.last_activity

@@ -297,14 +297,7 @@ def _measure_on_host(fn: Callable[[], Any], clock: Any, repeats: int, inner: int
     )
 
 
-# ============================================================================ simple timers (the tower's forwards)
-def host_timer(fn: Callable[[], Any]) -> float:
-    """Seconds of one synchronous call on the host clock."""
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
+# ============================================================================ a simple timer loop (host-timed work)
 def measure(
     fn: Callable[[], Any], timer: Timer, clock: str, repeats: int, warmup: int = 1, max_seconds: float | None = None
 ) -> Timing:
