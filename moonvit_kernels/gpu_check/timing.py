@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-Timer = Callable[[Callable[[], Any]], float]
 FLUSH_BYTES = 256 * 2**20
 
 
@@ -295,21 +294,3 @@ def _measure_on_host(fn: Callable[[], Any], clock: Any, repeats: int, inner: int
     return KernelTiming(
         timing, summarize(cold, clock.label) if cold else None, timing.median, "n/a (host clock)", inner
     )
-
-
-# ============================================================================ a simple timer loop (host-timed work)
-def measure(
-    fn: Callable[[], Any], timer: Timer, clock: str, repeats: int, warmup: int = 1, max_seconds: float | None = None
-) -> Timing:
-    """Warm up `warmup` calls, then time up to `repeats` calls with `timer`: the median and spread.
-
-    With `max_seconds`, the number of timed calls is cut (never below 3, or `repeats` if smaller)
-    so that slow work does not eat the run's budget: the first timed call sets the pace."""
-    for _ in range(warmup):
-        fn()
-    times = [timer(fn)]
-    n = max(1, repeats)
-    if max_seconds is not None and times[0] > 0:
-        n = min(n, max(min(3, n), int(max_seconds / times[0])))
-    times += [timer(fn) for _ in range(n - 1)]
-    return summarize(times, clock)
