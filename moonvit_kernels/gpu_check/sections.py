@@ -173,7 +173,8 @@ def tower_cuda_backend(plan: Plan, dtype: str, hopper: bool, hopper_verdict: dic
     under --simulate the emulator plays an sm_90 device and the pre-flight verdict of this run is used."""
     from ..cuda_backend.backend import CupyBackend
 
-    if not plan.simulate:
+    if not plan.simulate:  # a failed pre-flight of this run: off, without the backend paying for it again
+        hopper = hopper and (hopper_verdict is None or bool(hopper_verdict["ok"]))
         return lambda c, w: CupyBackend(c, w, dtype=dtype, hopper=None if hopper else False)
     k = cuda_kernels_module(plan)
     if not hopper or dtype != "bfloat16":

@@ -135,9 +135,12 @@ class Supervisor:
                 self.report.note(
                     f"{unit.name}: the CUDA context was lost at item {first - 1}; a fresh worker continues"
                 )
-            elif w.current is None:  # start-up or between items: nothing to resume safely
+            elif w.names is None:  # start-up: a fresh worker would fail the same way
                 self._record(unit, f"{unit.name} start-up", why, w)
                 break
+            elif w.current is None:  # between items (or after the last one, at exit)
+                self._record(unit, f"{unit.name} after item {w.last_end}", why, w)
+                first = w.last_end + 1
             else:
                 self._record(unit, w.current[1], why, w)
                 first = w.current[0] + 1

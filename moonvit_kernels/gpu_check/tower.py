@@ -217,6 +217,10 @@ def tower_items(plan: Plan, family: str, sink: Any, ctx: Context) -> list[Item]:
         torch_ctx: dict[str, Any] = {"gpu": ctx.gpu}
         items = [(f"torch baseline {names[i]}", _torch_item(plan, ctx, sink, torch_ctx, i)) for i in cases]
         return [it for it in items if plan.wanted(it[0])]
+    verdict = ctx.shared.get("hopper") or {}
+    if family.endswith("hopper=False") and verdict.get("skip"):
+        sink.verdict("tower", family, SKIP, f"the Hopper kernels do not apply here ({verdict['why']})")
+        return []
     try:
         make, kind, where, dtype = _backend(plan, family, ctx)
     except ImportError as e:

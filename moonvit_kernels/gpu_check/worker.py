@@ -133,7 +133,7 @@ def run_unit(spec: dict[str, Any], sink: Any) -> int:
     shared = spec.setdefault("shared", {})  # the same dict: an in-process caller sees what this unit shares
     ctx = Context(spec.get("gpu"), fault, Budget(at=spec["deadline"]), Path(spec["scratch"]), shared, sink)
     recorder = None
-    if not plan.simulate and section in ("kernels", "tower") and family not in ("numba", "Hopper pre-flight"):
+    if not plan.simulate and (family in ("CUDA C", "Hopper") or family.startswith("CUDA C ")):
         from .binaries import BinaryRecorder
 
         recorder = BinaryRecorder()
