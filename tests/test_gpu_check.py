@@ -491,8 +491,10 @@ def test_the_xray_bound_is_given_or_no_model_is_said(monkeypatch):
 
     gemm = ("gemm_bf16_tc_bf16_none", 2.0 * 1024 * 4608 * 1024, 2.0 * (1024 * 1024 + 4608 * 1024 + 1024 * 4608))
     got = xray_bound(gemm, "CUDA C", "NVIDIA H200")
-    assert got["model"] == "compute-bound, bf16 peak, H200 SXM datasheet"
-    assert got["model_ms"] == pytest.approx(gemm[1] / 989e12 * 1e3)
+    from moonvit_kernels.xray.arch import GPUS
+
+    assert got["model"] == "mma.sync-bound, mma_sync peak, H200 SXM datasheet"  # an mma.sync kernel: its own roof
+    assert got["model_ms"] == pytest.approx(gemm[1] / GPUS["H200"].mma_sync_flops * 1e3)
     assert xray_bound(gemm, "CUDA C", "NVIDIA GeForce RTX 4090")["model"].startswith("no model (")
     monkeypatch.setattr(roofline, "bound", lambda *a: 1 / 0)
     assert xray_bound(gemm, "CUDA C", "NVIDIA H200") == {"model": "no model (ZeroDivisionError: division by zero)"}
