@@ -229,3 +229,28 @@ def test_the_emulators_encoder_checks_the_drivers_requirements():
     dims, strides, box, ones = (u64 * 2)(64, 16), (u64 * 1)(128), (u32 * 2)(64, 16), (u32 * 2)(1, 1)
     rc = enc(ctypes.c_void_p(off.ctypes.data), 9, 2, ctypes.c_void_p(g.data.ptr), dims, strides, box, ones, 0, 3, 2, 0)
     assert rc == 1 and "64-byte aligned" in enc.last_error()
+
+
+# ============================================================================ the whole backend on the device
+@pytest.mark.parametrize("dtype, tol", [("float32", 2e-5), ("bfloat16", 2e-2)])
+def test_the_whole_cupy_backend_runs_on_the_emulated_device(dev, dtype, tol):
+    """`CupyBackend` with its default kernels (the real launchers) on the emulated device: weights uploaded
+    once, device pixel_values validated on the device, every stage launched through the launchers."""
+    from cuda_kernel_checks import random_pixels, random_weights
+
+    from moonvit_kernels import reference
+    from moonvit_kernels.config import VisionConfig
+    from moonvit_kernels.cuda_backend.backend import CupyBackend
+
+    config = VisionConfig.tiny()
+    grid = np.array([[1, 4, 6], [2, 2, 4]])
+    weights = random_weights(config, 5)
+    pixels = random_pixels(grid, config.patch_size, seed=6)
+    backend = CupyBackend(config, weights, dtype=dtype, hopper=False)
+    assert backend.xp is dev and isinstance(backend.patch_w, dev.ndarray)
+    got = backend.forward(dev.asarray(pixels), grid, as_numpy=True)
+    want = reference.vision_forward(pixels.astype(np.float64), grid, weights, config, dtype=np.float64)
+    for g, w in zip(got, want, strict=True):
+        scale = float(np.max(np.abs(w)))
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol * scale)
+    assert sum(backend.kernel_calls.values()) > 0
