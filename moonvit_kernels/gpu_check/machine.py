@@ -304,7 +304,12 @@ def toolchain(simulate: bool) -> list[tuple[str, str]]:
     def driver() -> str:
         from cuda.bindings import driver as drv
 
-        err, v = drv.cuDriverGetVersion()
+        try:
+            err, v = drv.cuDriverGetVersion()
+        except Exception as e:
+            if "NotFound" in type(e).__name__:  # libcuda is not on this machine: nothing incompatible about it
+                return f"{NOT_INSTALLED} (no NVIDIA driver library on this machine)"
+            raise
         if err != drv.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuDriverGetVersion: {err.name} (no CUDA driver)")
         return _cuda_version(v)
@@ -351,4 +356,7 @@ def describe(simulate: bool, gpu: str | None) -> tuple[list[tuple[str, str]], li
     if too_old("numpy", np.__version__):
         notes.append(f"numpy {np.__version__} is older than the project expects")
     rows.append(("NUMBA_ENABLE_CUDASIM", os.environ.get("NUMBA_ENABLE_CUDASIM", "unset")))
+    from ..cuda_backend.toolchain import compatibility_problems, toolchain_versions
+
+    notes += [f"toolchain: {p}" for p in compatibility_problems(toolchain_versions())]
     return rows, notes
