@@ -44,6 +44,20 @@ def test_gpu_check_without_a_gpu_says_so_and_writes_nothing_wrong(tmp_path):
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
 
 
+@pytest.mark.timeout(600)
+def test_gpu_check_simulate_quick_runs_from_a_source_tree(tmp_path):
+    """The first GPU session's command, on the CPU (--simulate): from the source tree, nothing installed for it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "moonvit_kernels.gpu_check", "--simulate", "--quick", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=580, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    report = (out / "report.md").read_text()
+    assert "numpy | 2.5" in report and "0 failed" in r.stdout, r.stdout[-2000:]
+
+
 def test_the_reference_runs_on_the_bundled_checkpoint():
     from moonvit_kernels import load_checkpoint, vision_forward
     from moonvit_kernels.bundled import TINY_DIR
