@@ -33,7 +33,7 @@ VISION_PREFIXES = ("vision_tower.", "mm_projector.")
 INDEX_NAME = "model.safetensors.index.json"
 
 # safetensors dtype tags this loader turns into float32, with their byte widths
-_READABLE = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+READABLE_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 _SAVE_DTYPES = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
@@ -195,7 +195,7 @@ class SafetensorsFile:
 
     def nbytes(self, name: str) -> int | None:
         """Bytes the tensor occupies in the file (None for a dtype this module does not read)."""
-        width = _READABLE.get(self.dtype(name))
+        width = READABLE_DTYPES.get(self.dtype(name))
         return None if width is None else width * int(np.prod(self.shape(name)))
 
     def byte_range(self, name: str) -> tuple[int, int]:
@@ -214,7 +214,7 @@ class SafetensorsFile:
     def read(self, name: str) -> np.ndarray:
         """Read one tensor (only its bytes) and return it as float32."""
         dtype = self.dtype(name)
-        if dtype not in _READABLE:
+        if dtype not in READABLE_DTYPES:
             raise ValueError(f"{self.path}: tensor {name!r} has unsupported dtype {dtype} (need F32/F16/BF16/F64)")
         try:
             tensor = self._handle.get_tensor(name)
@@ -322,7 +322,7 @@ def check_headers(
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     for name, file in headers.items():
-        if file.dtype(name) not in _READABLE:
+        if file.dtype(name) not in READABLE_DTYPES:
             raise ValueError(
                 f"{file.path}: tensor {name!r} has dtype {file.dtype(name)}, which this loader cannot read "
                 "(need F32, F16, BF16 or F64)"

@@ -65,3 +65,32 @@ def snapshot(folder) -> dict:
 
     root = Path(folder)
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@contextlib.contextmanager
+def read_only_folder(folder):
+    """`folder` made so that nobody can write in it: chmod 555, or for root (who ignores modes) the
+    immutable attribute; pytest skips (saying why) where neither works."""
+    import subprocess
+
+    import pytest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o555)
+    immutable = False
+    try:
+        (folder / ".probe").touch()
+    except OSError:
+        pass
+    else:
+        (folder / ".probe").unlink()
+        immutable = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+        if not immutable:
+            folder.chmod(0o755)
+            pytest.skip("cannot make a read-only folder here (root, and no chattr)")
+    try:
+        yield folder
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o755)

@@ -2,12 +2,11 @@
 
 import os
 import stat
-import subprocess
 import zipfile
 
 import numpy as np
 import pytest
-from helpers import file_size_limit, snapshot
+from helpers import file_size_limit, read_only_folder, snapshot
 
 from moonvit_kernels import atomic
 
@@ -81,31 +80,9 @@ def test_a_parent_that_is_a_file_is_named(tmp_path):
     assert not (tmp_path / "new").exists()  # and not made by the check
 
 
-@pytest.fixture
-def read_only_folder(tmp_path):
-    """A folder nobody can write in: chmod 555, or for root (who ignores modes) the immutable attribute."""
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o555)
-    immutable = False
-    try:
-        (folder / "probe").touch()
-    except OSError:
-        pass
-    else:
-        (folder / "probe").unlink()
-        immutable = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
-        if not immutable:
-            folder.chmod(0o755)
-            pytest.skip("cannot make a read-only folder here (root without chattr)")
-    yield folder
-    if immutable:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
-    folder.chmod(0o755)
-
-
-def test_a_read_only_folder_is_named(read_only_folder):
-    with pytest.raises(ValueError, match=rf"cannot write in {read_only_folder}"):
-        atomic.check_writable(read_only_folder / "emb.npz")
-    with pytest.raises(ValueError, match=rf"cannot write in {read_only_folder}"):
-        atomic.check_writable(read_only_folder / "golden", folder=True)
+def test_a_read_only_folder_is_named(tmp_path):
+    with read_only_folder(tmp_path / "ro") as folder:
+        with pytest.raises(ValueError, match=rf"cannot write in {folder}"):
+            atomic.check_writable(folder / "emb.npz")
+        with pytest.raises(ValueError, match=rf"cannot write in {folder}"):
+            atomic.check_writable(folder / "golden", folder=True)
