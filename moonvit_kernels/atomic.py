@@ -13,6 +13,7 @@ exception in the block) removes the temporary file and leaves an earlier file at
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 import zipfile
@@ -60,7 +61,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except OSError as e:
         tmp.unlink(missing_ok=True)
         if e.filename is None or Path(e.filename) == tmp:
-            raise OSError(e.errno, f"cannot write {path}: {e.strerror or e}", str(path)) from None
+            raise OSError(e.errno or errno.EIO, f"cannot write {path}: {e.strerror or e}", str(path)) from None
         raise
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -276,12 +276,19 @@ def cmd_encode_dataset(args: argparse.Namespace) -> int:
             actors=args.actors,
             num_cpus=args.num_cpus,
             progress=not args.quiet,
+            overwrite=args.overwrite,
             **preprocess_limits(args),
         )
     except ImportError as e:
         raise CLIError(one_line(e)) from None
     except (ValueError, KeyError, FileNotFoundError) as e:
         raise CLIError(one_line(e)) from None
+    except OSError:
+        raise  # a full disk: main names the file
+    except Exception as e:  # noqa: BLE001 — Ray reports an actor's failure in hundreds of lines
+        from .dataset import pipeline_failure
+
+        raise CLIError(f"encode-dataset: the Ray pipeline failed: {pipeline_failure(e)}") from None
     print(
         f"{summary.images} images: {summary.encoded} encoded, {summary.errors} unreadable (see {summary.errors_file}); "
         f"shards: {summary.written_shards} written, {summary.skipped_shards} already done"
@@ -740,17 +747,21 @@ def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[
             title=f"projected output, {model.backend_name} float32 vs NumPy float64",
         ),
     }
+    from .atomic import atomic_path
+
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, fig in figures.items():
-        fig.savefig(out / name, dpi=110)
+        with atomic_path(out / name) as tmp:  # the temporary name keeps ".png": savefig's format
+            fig.savefig(tmp, dpi=110)
         written.append(out / name)
     return written
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     backend = choose_backend(args.backend, args.simulator)
-    written = run_demo(Path(args.out), Path(args.image), backend, args.in_patch_limit)
+    out = check_output(args.out, folder=True)
+    written = run_demo(out, Path(args.image), backend, args.in_patch_limit)
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -798,6 +809,9 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--actors", type=int, help="encoder actors (default: one per GPU, or 1 on CPUs)")
     ds.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (ignored with RAY_ADDRESS)")
     ds.add_argument("--quiet", action="store_true", help="no progress bar")
+    ds.add_argument(
+        "--overwrite", action="store_true", help="replace shards in --out made with another checkpoint or settings"
+    )
     limits(ds)
     ds.set_defaults(func=cmd_encode_dataset)
 

@@ -109,6 +109,7 @@ def claim(
     caller to replace — none when the provenance is the same, or the folder holds none of them.
     ValueError naming the folder and what differs when there are such files and not `overwrite`."""
     folder = Path(folder)
+    made_with = json.loads(json.dumps(dict(made_with)))  # as the record will read back (tuples as lists)
     if not folder.is_dir():
         return []
     earlier = sorted(p for p in folder.iterdir() if p.is_file() and p.name != PROVENANCE and owned(p.name))
@@ -118,7 +119,7 @@ def claim(
         if not overwrite:
             raise ValueError(f"{e}: pass --overwrite to replace the {what} in {folder}") from None
         return [*earlier, folder / PROVENANCE]
-    if old is not None and old.get("format") == fmt and old["made_with"] == dict(made_with):
+    if old is not None and old.get("format") == fmt and old["made_with"] == made_with:
         return []
     if old is None and not earlier:
         return []

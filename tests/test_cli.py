@@ -448,6 +448,12 @@ def test_encode_streams_one_image_at_a_time(tmp_path, small_image, second_image,
         np.testing.assert_array_equal(data["image_0"], data["image_2"])
 
 
+def test_demo_checks_its_output_before_computing(tmp_path, capsys, no_compute):
+    (tmp_path / "plain").write_text("x")
+    assert cli.main(["demo", "--out", str(tmp_path / "plain" / "pictures")]) == 2
+    assert "is a file, not a folder" in error_line(capsys)
+
+
 def test_demo_crop_of_a_one_pixel_image():
     assert cli.demo_crop_box(1, 1) == (0, 0, 1, 1)
     assert cli.demo_crop_box(256, 300) == (64, 37, 192, 165)  # the bundled photograph: as before
