@@ -470,6 +470,12 @@ def top_files(folder: Path) -> dict:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
 
+def test_fetch_checks_its_output_before_reading_the_source(tmp_path):
+    (tmp_path / "plain").write_text("x")
+    with pytest.raises(hub.FetchError, match="plain is a file, not a folder"):
+        hub.fetch("http://127.0.0.1:9/nothing-listens", tmp_path / "plain" / "v", progress=False)
+
+
 def test_fetch_never_writes_into_its_source(small, capsys):
     root, _, _ = small
     before = top_files(root)
@@ -514,9 +520,9 @@ def test_a_truncated_or_foreign_manifest(small, tmp_path, capsys):
     same_weights(loaded(alien), wts)
 
 
-def interrupted(monkeypatch, after: int, then=None) -> None:
+def interrupted(monkeypatch, after: int, then=None) -> list:
     """Make `Part.append` (a kept piece) fail after `after` pieces, as a crash or a dropped link would;
-    `then` instead runs once at that point and the fetch goes on."""
+    `then` instead runs once at that point and the fetch goes on. Returns [pieces offered so far]."""
     real = hub.Part.append
     count = [0]
 
@@ -529,6 +535,7 @@ def interrupted(monkeypatch, after: int, then=None) -> None:
         return real(self, data)
 
     monkeypatch.setattr(hub.Part, "append", append)
+    return count
 
 
 @pytest.mark.parametrize("kind", ["http", "folder"])
@@ -553,9 +560,10 @@ def test_a_source_changing_during_the_fetch_is_never_mixed_in(small, tmp_path, m
     source = srv.url if kind == "http" else str(root)
     new = W.random_weights(CFG, seed=23)
     with monkeypatch.context() as m:
-        interrupted(m, after=5, then=lambda: W.save_checkpoint(root, new, CFG, dtype="float32", shards=2))
+        pieces = interrupted(m, after=5, then=lambda: W.save_checkpoint(root, new, CFG, dtype="float32", shards=2))
         with pytest.raises(hub.FetchError, match="changed"):
             hub.fetch(source, tmp_path / "v", progress=False, chunk_bytes=2**20)
+    assert pieces[0] == 6  # the piece read before the change; the next read saw it and kept nothing
     assert not (tmp_path / "v" / "model.safetensors").exists()
     hub.fetch(source, tmp_path / "v", progress=False)
     same_weights(loaded(tmp_path / "v"), new)
