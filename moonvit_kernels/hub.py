@@ -128,8 +128,9 @@ class Source:
 
     def identity(self, name: str, fresh: bool = False) -> dict[str, Any]:
         """What identifies this version of file `name`: its size and whichever of mtime, inode, blob id,
-        LFS sha256, ETag, Last-Modified the file system reports. Cached unless `fresh`."""
-        if fresh or name not in self._identities:
+        LFS sha256, ETag, Last-Modified the file system reports. Cached unless `fresh` — and always for
+        the Hub, whose files at a resolved commit (`revision`) cannot change."""
+        if (fresh and self.revision is None) or name not in self._identities:
             try:
                 info = self.fs.info(self.path(name))
             except FileNotFoundError:
