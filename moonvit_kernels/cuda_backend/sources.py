@@ -313,7 +313,7 @@ HOPPER_GEMM_USES = (
 )
 HOPPER_MAX_HEAD_DIM = 128  # flash_attn_sm90: head dims 8..128 in steps of 8
 _REG_GEMM_SM90 = 168  # __launch_bounds__(384, 1): 65536 / 384 rounded down to 8; setmaxnreg redistributes them
-_REG_ATTN_SM90 = 255
+_REG_ATTN_SM90 = 128  # __launch_bounds__(256, 2): 2 blocks per SM need 2 x 256 x 128 = 65536 registers at most
 
 
 def gemm_sm90_name(out: str, epilogue: str, block_n: int = 128) -> str:
@@ -327,16 +327,17 @@ def attention_sm90_name(head_dim: int) -> str:
 
 
 def gemm_sm90_smem_bytes(block_n: int) -> int:
-    """GemmSm90Cfg<BN>::SMEM_BYTES: 4 stages of A (128 x 64) and B (BN x 64) bf16, 8 barriers, 1 KB alignment."""
-    return 4 * (128 * 64 * 2 + block_n * 64 * 2) + 2 * 4 * 8 + 1024
+    """GemmSm90Cfg<BN>::SMEM_BYTES: 4 stages of A (128 x 64) and B (BN x 64) bf16, 8 barriers (no alignment
+    slack: dynamic shared memory is declared __align__(1024))."""
+    return 4 * (128 * 64 * 2 + block_n * 64 * 2) + 2 * 4 * 8
 
 
 def attention_sm90_smem_bytes(head_dim: int) -> int:
-    """AttnSm90Cfg<HD>::SMEM_BYTES: Q, 2 stages of K, raw V and transposed V, 9 barriers, 1 KB alignment."""
+    """AttnSm90Cfg<HD>::SMEM_BYTES: Q, 2 stages of K, raw V and transposed V, 9 barriers (no alignment slack)."""
     db = (head_dim + 63) // 64
     q = k = vraw = db * 64 * 128
     vt = 64 * db * 64 * 2
-    return q + 2 * (k + vraw + vt) + 8 * (1 + 4 * 2) + 1024
+    return q + 2 * (k + vraw + vt) + 8 * (1 + 4 * 2)
 
 
 def hopper_specs(head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:

@@ -34,7 +34,7 @@ KERNEL_FILES = ("gemm_bf16_sm90.cu", "flash_attn_sm90.cu", "common.cuh", "sm90.c
 # compiled as they are; tensor_maps.py (the maps' parameters) is used from Python, as a GPU launcher would
 STANDINS = ("prelude.h", "cuda_bf16.h", "hopper.cuh", "ptx_sm90.cuh", "hopper_driver.cpp")
 _DYNAMIC_SMEM = "extern __shared__ __align__(16) unsigned char smem_raw[];"
-SMEM_BASE = 0x410  # shared address of dynamic shared memory's first byte in the model (hopper.cuh)
+SMEM_BASE = 0x400  # shared address of dynamic shared memory's first byte in the model (hopper.cuh): 1024-aligned
 SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}  # span in bytes -> descriptor bits 62..63
 
 _i = ctypes.c_int
