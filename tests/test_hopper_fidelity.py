@@ -13,8 +13,10 @@ bit set the copy must compute the right answer (so the substitutions alone break
 models behind the rules are tested one by one in tests/test_hopper_layouts.py.
 """
 
+import mmap
 import shutil
 
+import numpy as np
 import pytest
 from cuda_kernel_checks import check_attention, check_gemm
 
@@ -65,31 +67,90 @@ def use_kernels_from(monkeypatch, directory):
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    """The directory of the planted copy, its emulator library built once (cached on disk by content)."""
+    """The emulator library of the planted copy, built (cached on disk by content) and loaded here, in the
+    parent process: the forked children only call it."""
     from moonvit_kernels.cuda_backend.emulation import hopper
 
     directory = tmp_path_factory.mktemp("planted_sm90")
     plant(directory)
     with pytest.MonkeyPatch.context() as mp:
         use_kernels_from(mp, directory)
-        hopper.library()
+        lib = hopper.library()
     hopper.library.cache_clear()  # back to the real kernels
-    yield directory
+    yield lib
     hopper.library.cache_clear()
 
 
-def run_planted(directory, bits: int, kernel: str) -> None:
-    """In the (forked) caller: load the planted library, set the defects `bits` and run one small launch,
-    compared with the reference."""
-    from moonvit_kernels.cuda_backend.emulation import hopper
+class PlantedAbort(AssertionError):
+    """The emulator aborted the planted kernel; the message is its stderr."""
 
-    with pytest.MonkeyPatch.context() as mp:
-        use_kernels_from(mp, directory)
-        hopper.library().moonvit_set_plant(bits)
-        if kernel == "gemm":  # one K tile: the shifted ring's later stages are never filled
-            check_gemm(hopper, 70, 72, 40, "bfloat16", "float32", "none", seed=3)
-        else:
-            check_attention(hopper, "bfloat16", 72, 1, [70], seed=4)
+
+def shared_like(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zeroed array in anonymous shared memory: a forked child's writes to it reach the parent."""
+    nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype, count=int(np.prod(shape))).reshape(shape)
+
+
+class Planted:
+    """The launchers' gemm / attention API (as cuda_kernel_checks calls it) on the planted copy with the
+    defects `bits` switched on. Each launch runs in a forked child (a defect aborts it: PlantedAbort);
+    the result comes back through shared memory and the reference is computed here, in the parent (a
+    child forked from a process with thread pools must not run threaded NumPy)."""
+
+    def __init__(self, lib, bits: int):
+        self.lib, self.bits = lib, bits
+
+    @staticmethod
+    def array_module():
+        return np
+
+    def _launch(self, run) -> None:
+        from moonvit_kernels.cuda_backend.emulation import hopper
+
+        def child():
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(hopper, "library", lambda: self.lib)
+                self.lib.moonvit_set_plant(self.bits)
+                run(hopper)
+
+        rc, err = hopper.run_forked(child)
+        if rc != 0:
+            raise PlantedAbort(f"exit {rc}: {err}")
+
+    def gemm(self, a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32"):
+        dtype = np.uint16 if out_dtype == "bfloat16" else np.float32
+        result = shared_like((a.shape[0], b.shape[0]), dtype)
+        if residual is not None:
+            result[...] = residual
+        self._launch(
+            lambda h: h.gemm(
+                a, b, epilogue=epilogue, residual=None if residual is None else result, out=result, out_dtype=out_dtype
+            )  # fmt: skip
+        )
+        if out is None:
+            return np.array(result)
+        out[...] = result
+        return out
+
+    def attention(self, qkv, cu_seqlens, num_heads, head_dim):
+        out = shared_like((qkv.shape[0], num_heads * head_dim), np.uint16)
+        lse = shared_like((qkv.shape[0], num_heads), np.float32)
+
+        def run(h):
+            o, m = h.attention(qkv, cu_seqlens, num_heads, head_dim)
+            out[...], lse[...] = o, m
+
+        self._launch(run)
+        return np.array(out), np.array(lse)
+
+
+def run_checked(planted_lib, bits: int, kernel: str) -> None:
+    """One small launch of the planted copy with defects `bits`, compared with the reference."""
+    k = Planted(planted_lib, bits)
+    if kernel == "gemm":  # one K tile: the shifted ring's later stages are never filled
+        check_gemm(k, 70, 72, 40, "bfloat16", "float32", "none", seed=3)
+    else:
+        check_attention(k, "bfloat16", 72, 1, [70], seed=4)
 
 
 @pytest.mark.parametrize(
@@ -102,20 +163,16 @@ def run_planted(directory, bits: int, kernel: str) -> None:
     ids=["missing-proxy-fence", "missing-mbarrier-init-fence", "swizzled-tile-off-1024"],
 )
 def test_emulator_rejects_a_planted_defect(planted, bits, kernel, messages):
-    from moonvit_kernels.cuda_backend.emulation import hopper
-
-    rc, err = hopper.run_forked(run_planted, planted, bits, kernel)
-    assert rc == -6, f"exit {rc} (expected an abort): {err}"
+    with pytest.raises(PlantedAbort) as abort:
+        run_checked(planted, bits, kernel)
+    assert "exit -6" in str(abort.value)  # SIGABRT: a model's check, not a crash
     for m in messages:
-        assert m in err, err
+        assert m in str(abort.value)
 
 
 @pytest.mark.parametrize("kernel", ["gemm", "attention"])
 def test_planted_copy_without_defects_is_correct(planted, kernel):
-    from moonvit_kernels.cuda_backend.emulation import hopper
-
-    rc, err = hopper.run_forked(run_planted, planted, 0, kernel)
-    assert rc == 0, err
+    run_checked(planted, 0, kernel)
 
 
 def test_dynamic_shared_memory_starts_1024_aligned():

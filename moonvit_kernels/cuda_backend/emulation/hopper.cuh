@@ -165,7 +165,6 @@ struct ThreadState {
   bool parked = false;
   bool preempted = false;
   uint32_t proxy_fences = 0;  // fence.proxy.async executed so far
-  Site last_proxy_fence;
 };
 struct Warpgroup {
   std::vector<WgOp> ops;
@@ -235,11 +234,9 @@ inline void check_proxy_order(uint32_t addr, const std::string& what, const Site
 // async-proxy accesses; by the CUDA Programming Guide's TMA example it also publishes its prior
 // mbarrier.init to the copy engine.
 void release_my_barrier_inits();  // below, with the mbarrier
-inline void fence_proxy_async(const Site& site) {
+inline void fence_proxy_async() {
   attribute_my_stores();
-  ThreadState& T = me();
-  ++T.proxy_fences;
-  T.last_proxy_fence = site;
+  ++me().proxy_fences;
   release_my_barrier_inits();
 }
 

@@ -36,7 +36,7 @@ inline void tma_load_3d(void* dst, const TmaMap* map, int c0, int c1, int c2, un
   emu::hopper::tma_load(sm90_smem_addr(dst), map, 3, c, sm90_smem_addr(bar), site);
 }
 inline void tma_prefetch_map(const TmaMap* map) { emu::hopper::read_map(map); }
-inline void fence_proxy_async(EMU_SITE_ARG) { emu::hopper::fence_proxy_async(site); }
+inline void fence_proxy_async() { emu::hopper::fence_proxy_async(); }
 
 inline void wgmma_fence() { emu::hopper::wgmma_fence(); }
 inline void wgmma_commit() { emu::hopper::wgmma_commit(); }
