@@ -10,7 +10,12 @@ mbarrier phases (a phase completes when pending arrivals and tx-count reach zero
 is true once the phase of parity P is done), cuTensorMapEncodeTiled's argument requirements and the
 bulk tensor copy's zero fill outside the tensor. Misuse the models must catch (a missing
 wgmma.fence, diverging warpgroup operands, extra arrivals, extra transaction bytes, setmaxnreg
-breaking its rules, a deadlock) aborts the emulating process, so those run in a subprocess.
+breaking its rules, a deadlock) aborts the emulating process, so those run in a subprocess. So do
+the hardware rules of the PTX ISA the models enforce: ordinary stores read or overwritten by the
+async proxy (wgmma, bulk copies) only after a fence.proxy.async of the storing thread ("Async
+Proxy"); a bulk copy completing on an mbarrier only after its initialiser's fence.mbarrier_init
+(or fence.proxy.async); a swizzled operand's repeating pattern on a 1024 / 512 / 256-byte
+boundary when the descriptor's base offset is 0 ("Matrix Descriptor Format").
 """
 
 import numpy as np
@@ -234,6 +239,35 @@ def test_wgmma_misuse_aborts(hop, flags, message):
     assert (rc != 0 and message in err) if message else rc == 0, err
 
 
+def test_wgmma_needs_a_proxy_fence_after_ordinary_stores(hop):
+    """The probe's thread 0 stores the operands with memcpy; without its fence.proxy.async, wgmma's read aborts."""
+    img = np.zeros(8192, np.uint8)  # zeros over the 0xCD garbage shared memory starts with: every byte changes
+    rc, err = hop.run_forked(hop.wgmma_probe, img, 8, (0, 16, 1024, 128), (4096, 16, 1024, 128), flags=32)
+    assert rc != 0 and "no fence.proxy.async in that thread" in err and "operand A" in err, err
+    assert "hopper_driver.cpp:" in err  # the issuing call site
+
+
+# (span, offset of A in the 1024-aligned image): the pattern starts on its boundary or it does not
+PATTERN_CASES = [
+    (128, 1024 + 32, ""),  # the K slice 32 bytes into row 0 of a pattern-aligned tile: fine
+    (128, 512, "not on a 1024-byte boundary"),
+    (128, 128, "not on a 1024-byte boundary"),
+    (64, 512 + 32, ""),
+    (64, 256, "not on a 512-byte boundary"),
+    (32, 256, ""),
+    (32, 128, "not on a 256-byte boundary"),
+    (0, 16, ""),  # no swizzle: any 16-byte aligned start
+]
+
+
+@pytest.mark.parametrize("span, offset, message", PATTERN_CASES)
+def test_swizzled_operand_pattern_alignment(hop, span, offset, message):
+    img = np.zeros(16384, np.uint8)
+    lbo, sbo = (16, 8 * span) if span else (128, 256)
+    rc, err = hop.run_forked(hop.wgmma_probe, img, 8, (offset, lbo, sbo, span), (8192, 16, 1024, 128))
+    assert (rc != 0 and message in err and "operand A" in err) if message else rc == 0, err
+
+
 # ============================================================================ mbarrier
 def test_mbarrier_phases(hop):
     steps = [
@@ -269,6 +303,23 @@ def test_mbarrier_phases(hop):
 def test_mbarrier_misuse_aborts(hop, script, message):
     rc, err = hop.run_forked(hop.mbar_script, script)
     assert rc != 0 and message in err, err
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        (0, "ran no fence.mbarrier_init"),
+        (1, ""),
+        (2, ""),  # the CUDA Programming Guide's fence.proxy.async.shared::cta after the init
+        (3, "ran no fence.mbarrier_init"),  # fenced by a thread that did not initialise it
+        (4, "ran no fence.mbarrier_init"),  # fenced before the init
+        (5, "cp.async.bulk.tensor (shared write)"),  # ordinary stores into the destination, no proxy fence
+        (6, ""),
+    ],
+)
+def test_bulk_copy_ordering_rules(hop, how, message):
+    rc, err = hop.run_forked(lambda: hop.library().hop_tma_order_probe(how))
+    assert (rc != 0 and message in err) if message else rc == 0, err
 
 
 def test_deadlock_is_reported(hop):

@@ -173,18 +173,26 @@ __global__ void __launch_bounds__(AttnBf16Cfg<HD>::THREADS)
     l_run[h] += __shfl_xor_sync(FULL_MASK, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(FULL_MASK, l_run[h], 2);
   }
+  // Normalised O goes to global memory as whole 16-byte chunks of rows, so that a warp's store covers
+  // contiguous rows of out (the fragment holds only 4-byte pairs): staged through Qs, free since the
+  // Q fragments were loaded; each warp restages its own 16 rows.
+  bf16* Os = Qs;  // [BQ][LDS]
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = q0 + warp * 16 + lane / 4 + h * 8;
-    if (row >= n) continue;
-    const float inv = 1.0f / l_run[h];
-    bf16* orow = out + (size_t)(start + row) * Q + head * HD;
+    const int r = warp * 16 + lane / 4 + h * 8;
+    const float inv = 1.0f / l_run[h];  // finite for every row: rows past n saw zero queries, not no keys
 #pragma unroll
-    for (int dt = 0; dt < HDP / 8; ++dt) {
-      const int d = dt * 8 + (lane % 4) * 2;
-      if (d < HD) store_float2(orow + d, o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
-    }
-    if (lane % 4 == 0) lse[(size_t)(start + row) * H + head] = (m_run[h] + log2f(l_run[h])) * LN2_F;
+    for (int dt = 0; dt < HDP / 8; ++dt) store_float2(Os + r * LDS + dt * 8 + (lane % 4) * 2, o[dt][2 * h] * inv,
+                                                      o[dt][2 * h + 1] * inv);
+    if (q0 + r < n && lane % 4 == 0) lse[(size_t)(start + q0 + r) * H + head] = (m_run[h] + log2f(l_run[h])) * LN2_F;
+  }
+  __syncthreads();
+  constexpr int CHUNKS = HD / 8;  // 16-byte chunks per output row (HD % 8 == 0)
+  for (int c = lane; c < 16 * CHUNKS; c += 32) {
+    const int r = warp * 16 + c / CHUNKS, d = (c % CHUNKS) * 8;
+    if (q0 + r < n)
+      *reinterpret_cast<uint4*>(out + (size_t)(start + q0 + r) * Q + head * HD + d) =
+          *reinterpret_cast<const uint4*>(Os + r * LDS + d);
   }
 }
 

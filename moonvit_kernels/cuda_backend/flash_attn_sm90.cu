@@ -30,7 +30,13 @@ struct AttnSm90Cfg {
   static constexpr int Q_BYTES = DB * BQ * 128, K_BYTES = DB * BKV * 128, VRAW_BYTES = DB * BKV * 128;
   static constexpr int VT_BYTES = HDP * BKV * 2;
   static constexpr int STAGE_BYTES = K_BYTES + VRAW_BYTES + VT_BYTES;
-  static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + 8 * (1 + 4 * STAGES) + 1024;
+  static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + 8 * (1 + 4 * STAGES);  // tiles, then barriers
+  // 2 blocks per SM on sm_90: 228 KB of shared memory per SM, 1 KB of it reserved per block, and
+  // __launch_bounds__(THREADS, BLOCKS_PER_SM) caps registers at 65536 / (2 x 256) = 128 per thread.
+  static constexpr int BLOCKS_PER_SM = 2;
+  static_assert(BLOCKS_PER_SM * (SMEM_BYTES + 1024) <= 228 * 1024, "flash_attn_sm90: 2 blocks per sm_90 SM");
+  static_assert(Q_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0 && K_BYTES % 1024 == 0 && VRAW_BYTES % 1024 == 0,
+                "every swizzled tile starts on a 1024-byte boundary");
 };
 
 // D (+)= A·Bᵀ for P·V: m64n64k16 or m64n128k16 with A (P) in registers.
@@ -44,14 +50,12 @@ __device__ __forceinline__ void attn_sm90_pv(float (&o)[HDP / 2], const unsigned
 }
 
 template <int HD>
-__global__ void __launch_bounds__(AttnSm90Cfg<HD>::THREADS, 1)
+__global__ void __launch_bounds__(AttnSm90Cfg<HD>::THREADS, AttnSm90Cfg<HD>::BLOCKS_PER_SM)
     flash_attn_sm90(const __grid_constant__ TmaMap tm_sw, const __grid_constant__ TmaMap tm_raw, bf16* __restrict__ out,
                     float* __restrict__ lse, const int* __restrict__ cu_seqlens, int H, float scale_log2) {
   using Cfg = AttnSm90Cfg<HD>;
   constexpr int BQ = Cfg::BQ, BKV = Cfg::BKV, DB = Cfg::DB, HDP = Cfg::HDP, STAGES = Cfg::STAGES;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const unsigned raw_addr = sm90_smem_addr(smem_raw);
-  unsigned char* smem = smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
+  SM90_DYNAMIC_SMEM(smem);  // 1024-aligned; every tile below is a multiple of 1024 bytes
   unsigned char* sQ = smem;  // [DB][BQ][64] swizzled
   auto sK = [&](int s) { return smem + Cfg::Q_BYTES + s * Cfg::STAGE_BYTES; };  // [DB][BKV][64] swizzled
   auto sV = [&](int s) { return sK(s) + Cfg::K_BYTES; };                       // [DB][BKV][64] plain

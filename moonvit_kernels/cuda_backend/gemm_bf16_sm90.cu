@@ -31,7 +31,7 @@ struct GemmSm90Cfg {
   static constexpr int CONSUMERS = 2, THREADS = 128 * (1 + CONSUMERS);
   static constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;  // what one full[s] phase expects
-  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;  // + barriers + alignment slack
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8;  // the ring, then its barriers
   static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 x (40 + 2 x 232) = 64512 <= 65536
   static constexpr int SWIZZLE_ROW_BYTES = 128;                  // BK * 2: rows of the 128-byte swizzle pattern
   static constexpr int SBO = 8 * SWIZZLE_ROW_BYTES;             // bytes between 8-row groups of a K-major tile
@@ -39,6 +39,7 @@ struct GemmSm90Cfg {
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory of one block on sm_90");
   static_assert(128 * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= 65536, "setmaxnreg budget");
   static_assert(BK * 2 == SWIZZLE_ROW_BYTES, "a K tile row is one 128-byte swizzle row");
+  static_assert(A_STAGE_BYTES % 1024 == 0 && B_STAGE_BYTES % 1024 == 0, "every tile starts on a 1024-byte boundary");
 };
 
 // acc (+)= the consumer's 64 rows x BN columns for one k16 slice.
@@ -79,10 +80,7 @@ __global__ void __launch_bounds__(GemmSm90Cfg<BN_>::THREADS, 1)
   using Cfg = GemmSm90Cfg<BN_>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, CONSUMERS = Cfg::CONSUMERS;
   constexpr int A_STAGE_BYTES = Cfg::A_STAGE_BYTES, STAGE_BYTES = Cfg::STAGE_BYTES, SBO = Cfg::SBO;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  // The 128-byte swizzle repeats every 1024 bytes of shared address: align the ring to that.
-  const unsigned raw_addr = sm90_smem_addr(smem_raw);
-  unsigned char* smem = smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
+  SM90_DYNAMIC_SMEM(smem);  // 1024-aligned, as the 128-byte swizzle of every stage (a multiple of 1024 bytes) needs
   bf16* sA = reinterpret_cast<bf16*>(smem);                             // [STAGES][BM][BK], swizzled
   bf16* sB = reinterpret_cast<bf16*>(smem + STAGES * A_STAGE_BYTES);     // [STAGES][BN][BK], swizzled
   unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_BYTES);

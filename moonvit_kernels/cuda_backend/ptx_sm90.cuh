@@ -6,6 +6,12 @@
 #pragma once
 #include "sm90.cuh"
 
+// The kernel's dynamic shared memory, 1024-byte aligned: the 128-byte swizzle pattern repeats every
+// 1024 bytes of shared address, and wgmma descriptors with base offset 0 expect tiles on that boundary
+// (PTX ISA, Matrix Descriptor Format). With no static shared memory it starts at the window's first
+// usable byte, already 1 KiB-aligned, so the alignment costs no padding.
+#define SM90_DYNAMIC_SMEM(name) extern __shared__ __align__(1024) unsigned char name[]
+
 __device__ __forceinline__ unsigned sm90_smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }

@@ -324,7 +324,8 @@ HOPPER_MAX_HEAD_DIM = 128  # flash_attn_sm90: head dims 8..128 in steps of 8
 # __launch_bounds__(384, 1): 168, the most with which 12 warps launch (3 per SM sub-partition, 5,376 registers
 # per warp: `launch_rules`); setmaxnreg redistributes them
 _REG_GEMM_SM90 = launch_rules.max_registers_for(384)
-_REG_ATTN_SM90 = 255
+# __launch_bounds__(256, 2): two blocks of 8 warps share an SM, so each thread may hold what 512 threads can
+_REG_ATTN_SM90 = launch_rules.max_registers_for(2 * 256)
 
 
 def gemm_sm90_name(out: str, epilogue: str, block_n: int = 128) -> str:
@@ -338,16 +339,17 @@ def attention_sm90_name(head_dim: int) -> str:
 
 
 def gemm_sm90_smem_bytes(block_n: int) -> int:
-    """GemmSm90Cfg<BN>::SMEM_BYTES: 4 stages of A (128 x 64) and B (BN x 64) bf16, 8 barriers, 1 KB alignment."""
-    return 4 * (128 * 64 * 2 + block_n * 64 * 2) + 2 * 4 * 8 + 1024
+    """GemmSm90Cfg<BN>::SMEM_BYTES: 4 stages of A (128 x 64) and B (BN x 64) bf16, 8 barriers (no alignment
+    slack: dynamic shared memory is declared __align__(1024))."""
+    return 4 * (128 * 64 * 2 + block_n * 64 * 2) + 2 * 4 * 8
 
 
 def attention_sm90_smem_bytes(head_dim: int) -> int:
-    """AttnSm90Cfg<HD>::SMEM_BYTES: Q, 2 stages of K, raw V and transposed V, 9 barriers, 1 KB alignment."""
+    """AttnSm90Cfg<HD>::SMEM_BYTES: Q, 2 stages of K, raw V and transposed V, 9 barriers (no alignment slack)."""
     db = (head_dim + 63) // 64
     q = k = vraw = db * 64 * 128
     vt = 64 * db * 64 * 2
-    return q + 2 * (k + vraw + vt) + 8 * (1 + 4 * 2) + 1024
+    return q + 2 * (k + vraw + vt) + 8 * (1 + 4 * 2)
 
 
 def hopper_specs(head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:

@@ -1,8 +1,7 @@
 // hopper.cuh — CPU models of the Hopper (sm_90a) machinery the sm90 kernels use, written from the
 // PTX ISA and the CUDA driver API documentation (not from the kernels):
 //   - shared-memory addresses: dynamic shared memory is a window starting at shared address
-//     SMEM_BASE (16-byte but deliberately not 1024-byte aligned, so kernels must align their
-//     swizzled tiles themselves);
+//     SMEM_BASE, 1024-byte aligned as the kernels' `extern __shared__ __align__(1024)` asks;
 //   - swizzling (PTX ISA "Shared Memory Matrix Layout"; driver CU_TENSOR_MAP_SWIZZLE_*): the 16-byte
 //     chunk bits [4, 4 + b) of a shared address are XORed with bits [7, 7 + b), b = 1, 2, 3 for the
 //     32, 64, 128-byte modes — a function of the address, shared by the copy engine and wgmma;
@@ -30,6 +29,30 @@
 // phase hands control to the parked threads at once (so a buffer released before its wgmma has
 // read it gets overwritten first). Every misuse aborts with a
 // message on stderr (tests of misuse run in a subprocess).
+//
+// Hardware rules checked (PTX ISA 9.x section titles; the kernel's call site is named in the message):
+//   - proxies ("Async Proxy" of wgmma, 9.7.15.4, and of cp.async.bulk, 9.7.9.25.2; membar/fence,
+//     9.7.13.4; wgmma.fence: "An async proxy fence must be used to establish an ordering between
+//     prior writes to shared memory matrices and subsequent reads of the same matrices in a
+//     wgmma.mma_async instruction"): wgmma operand reads and bulk-copy writes are async-proxy
+//     accesses; shared bytes last written by a thread's ordinary stores (generic proxy) may be
+//     accessed by them only after that thread's fence.proxy.async following the stores. The
+//     stores are attributed by comparing shared memory with a shadow copy whenever the running
+//     thread changes (a store that leaves a byte's value unchanged is invisible to this model);
+//     the async proxy's own writes (a copy landing) are not generic stores, and a completed
+//     operation's results need no fence (its completion is followed by an implicit fence).
+//     Generic reads before async writes are not tracked.
+//   - mbarrier initialisation (membar/fence 9.7.13.4: fence.mbarrier_init.release.cluster orders the
+//     executing thread's prior mbarrier.init operations; cp.async.bulk.tensor: the complete-tx on its
+//     mbarrier is performed with .release semantics at .cluster scope; the CUDA C++ Programming
+//     Guide's TMA example instead issues fence.proxy.async.shared::cta after the init "to make the
+//     initialized barrier visible in the async proxy"): a bulk tensor copy may complete on a barrier
+//     only after the thread that initialised it executed either fence. Other threads' arrivals and
+//     waits need only a barrier (the ISA's mbarrier.init example orders them with bar.sync).
+//   - swizzle pattern alignment ("Matrix Descriptor Format", 9.7.15.5.1.2.2): with base offset 0
+//     the repeating pattern of a 128B / 64B / 32B-swizzled operand starts on a 1024 / 512 / 256-byte
+//     boundary; an operand whose pattern (the descriptor start with its offset within a `span`-byte
+//     row removed) starts elsewhere needs a non-zero base offset, which is not modelled: both abort.
 #pragma once
 #include <list>
 #include <map>
@@ -43,8 +66,19 @@ namespace emu::hopper {
   std::abort();
 }
 
+// Where a kernel called an instruction (file:line of the call), for messages.
+struct Site {
+  const char* file = "?";
+  int line = 0;
+};
+inline std::string where(const Site& s) {
+  const char* slash = std::strrchr(s.file, '/');
+  return std::string(slash ? slash + 1 : s.file) + ":" + std::to_string(s.line);
+}
+#define EMU_SITE_ARG emu::hopper::Site site = {__builtin_FILE(), __builtin_LINE()}
+
 // ============================================================================ shared addresses
-constexpr uint32_t SMEM_BASE = 0x410;
+constexpr uint32_t SMEM_BASE = 0x400;
 
 inline uint32_t smem_addr(const void* p) {
   const unsigned char* base = emu::dynamic_smem();
@@ -102,6 +136,9 @@ struct Mbar {
   uint32_t expected = 0, pending = 0, phase = 0;
   int64_t tx = 0;
   std::vector<CopyJob> copies;  // issued, not yet landed
+  int init_thread = -1;         // who ran mbarrier.init, and where
+  Site init_site;
+  bool init_fenced = false;     // that thread has run fence.mbarrier_init (or fence.proxy.async) since
 };
 struct WgOp {  // one wgmma.mma_async of a warpgroup
   uint64_t da = 0, db = 0;
@@ -127,6 +164,7 @@ struct ThreadState {
   int setmaxnreg_calls = 0;
   bool parked = false;
   bool preempted = false;
+  uint32_t proxy_fences = 0;  // fence.proxy.async executed so far
 };
 struct Warpgroup {
   std::vector<WgOp> ops;
@@ -140,11 +178,67 @@ struct BlockState {
   std::vector<Warpgroup> wgs;
   int regs_at_entry = 0;
   uint64_t events = 0;  // bumps on anything that may unblock a parked thread
+  // Generic-proxy stores, per byte of dynamic shared memory: the contents as last attributed,
+  // 1 + the thread whose ordinary store wrote the byte last (0: none since an async write or the
+  // launch), and that thread's fence.proxy.async count at the store.
+  std::vector<unsigned char> seen;
+  std::vector<uint16_t> writer;
+  std::vector<uint32_t> write_fences;
 };
 inline BlockState* g_state = nullptr;
 
 inline int thread_index() { return int(emu::g_cur - emu::g_block->fibers.data()); }
 inline ThreadState& me() { return g_state->threads[thread_index()]; }
+
+// ============================================================================ proxies
+// Bytes of shared memory that changed since the last attribution were stored by thread t (the
+// only one that ran meanwhile): called when a thread yields and before every async-proxy access.
+inline void attribute_generic_stores(int t) {
+  const unsigned char* now = emu::dynamic_smem();
+  unsigned char* seen = g_state->seen.data();
+  const size_t n = g_state->seen.size();
+  if (std::memcmp(now, seen, n) == 0) return;
+  constexpr size_t CHUNK = 256;
+  for (size_t c = 0; c < n; c += CHUNK) {
+    const size_t len = std::min(CHUNK, n - c);
+    if (std::memcmp(now + c, seen + c, len) == 0) continue;
+    for (size_t i = c; i < c + len; ++i)
+      if (now[i] != seen[i]) {
+        seen[i] = now[i];
+        g_state->writer[i] = uint16_t(t + 1);
+        g_state->write_fences[i] = g_state->threads[t].proxy_fences;
+      }
+  }
+}
+inline void attribute_my_stores() {
+  if (emu::g_cur) attribute_generic_stores(thread_index());
+}
+// The async proxy wrote shared bytes [addr, addr + bytes): not generic stores.
+inline void async_wrote(uint32_t addr, size_t bytes) {
+  const size_t off = addr - SMEM_BASE;
+  std::memcpy(g_state->seen.data() + off, emu::dynamic_smem() + off, bytes);
+  std::fill_n(g_state->writer.begin() + off, bytes, uint16_t(0));
+}
+// An async-proxy access (`what`, issued at `site`) to shared byte `addr`: the generic store that
+// wrote it last must be followed by a fence.proxy.async of the storing thread.
+inline void check_proxy_order(uint32_t addr, const std::string& what, const Site& site) {
+  const size_t off = addr - SMEM_BASE;
+  const int w = int(g_state->writer[off]) - 1;
+  if (w < 0 || g_state->threads[w].proxy_fences > g_state->write_fences[off]) return;
+  fail(what + " at " + where(site) + " (async proxy) accesses shared byte " + std::to_string(off) +
+       " of dynamic shared memory, last written by an ordinary store (generic proxy) of thread " +
+       std::to_string(w) + " with no fence.proxy.async in that thread after the store: a cross-proxy "
+       "fence is required (PTX ISA, wgmma Async Proxy / membar-fence)");
+}
+// fence.proxy.async{.shared::cta}: orders this thread's prior generic accesses before later
+// async-proxy accesses; by the CUDA Programming Guide's TMA example it also publishes its prior
+// mbarrier.init to the copy engine.
+void release_my_barrier_inits();  // below, with the mbarrier
+inline void fence_proxy_async() {
+  attribute_my_stores();
+  ++me().proxy_fences;
+  release_my_barrier_inits();
+}
 
 // A thread that cannot go on yields to the scheduler; it is resumed later to look again.
 inline void park() {
@@ -179,16 +273,25 @@ inline void bar_check_phase(Mbar& b) {
     fail("mbarrier: more transaction bytes completed than expected (tx-count below zero)");
   }
 }
-inline void mbar_init(uint32_t addr, uint32_t count) {
+inline void mbar_init(uint32_t addr, uint32_t count, EMU_SITE_ARG) {
   if (addr % 8) fail("mbarrier.init: address not 8-byte aligned");
   if (count < 1 || count > (1u << 20) - 1) fail("mbarrier.init: count outside 1 .. 2^20 - 1");
   Mbar b;
   b.expected = b.pending = count;
+  b.init_thread = emu::g_cur ? thread_index() : -1;
+  b.init_site = site;
   g_state->bars[addr] = b;
   const uint64_t word = MBAR_TAG | addr;
   std::memcpy(smem_ptr(addr, 8, "mbarrier.init"), &word, 8);
   ++g_state->events;
 }
+// fence.mbarrier_init.release.cluster (or fence.proxy.async): this thread's prior inits are published.
+inline void release_my_barrier_inits() {
+  const int t = thread_index();
+  for (auto& [addr, b] : g_state->bars)
+    if (b.init_thread == t) b.init_fenced = true;
+}
+inline void fence_mbarrier_init() { release_my_barrier_inits(); }
 inline void mbar_expect_tx(uint32_t addr, uint32_t bytes) {
   Mbar& b = bar_at(addr, "mbarrier.expect_tx");
   if (bytes > (1u << 20) - 1) fail("mbarrier.expect_tx: more than 2^20 - 1 bytes");
@@ -280,23 +383,31 @@ inline uint32_t box_bytes(const TensorMap& m) {
 }
 void check_no_reader_in_flight(uint32_t lo, uint32_t hi, const char* who);  // below, with wgmma
 // cp.async.bulk.tensor.{2d,3d}.shared::cluster.global.mbarrier::complete_tx::bytes (rank = the map's rank)
-inline void tma_load(uint32_t dst, const void* map, int rank, const int* coords, uint32_t bar) {
+inline void tma_load(uint32_t dst, const void* map, int rank, const int* coords, uint32_t bar, EMU_SITE_ARG) {
   const TensorMap m = read_map(map);
   if (int(m.rank) != rank)
     fail("cp.async.bulk.tensor." + std::to_string(rank) + "d with a tensor map of rank " + std::to_string(m.rank));
   check_no_reader_in_flight(dst, dst + box_bytes(m), "cp.async.bulk.tensor");
   if (dst % 128) fail("cp.async.bulk.tensor: shared destination not 128-byte aligned");
-  bar_at(bar, "cp.async.bulk.tensor");
+  const Mbar& b = bar_at(bar, "cp.async.bulk.tensor");
+  if (!b.init_fenced)
+    fail("cp.async.bulk.tensor at " + where(site) + " completes on the mbarrier initialised at " + where(b.init_site) +
+         " by thread " + std::to_string(b.init_thread) + ", which ran no fence.mbarrier_init.release.cluster (nor "
+         "fence.proxy.async) after mbarrier.init: the copy engine's complete-tx may not see the initialised barrier");
+  attribute_my_stores();
+  smem_ptr(dst, box_bytes(m), "cp.async.bulk.tensor");
+  for (uint32_t a = dst; a < dst + box_bytes(m); ++a) check_proxy_order(a, "cp.async.bulk.tensor (shared write)", site);
   std::memset(smem_ptr(dst, box_bytes(m), "cp.async.bulk.tensor"), 0xCD, box_bytes(m));  // undefined until it lands
+  async_wrote(dst, box_bytes(m));
   CopyJob j;
   j.dst = dst;
   for (int i = 0; i < 3; ++i) j.c[i] = i < rank ? coords[i] : 0;
   std::memcpy(j.map, map, 128);
   g_state->bars[bar].copies.push_back(j);
 }
-inline void tma_load_2d(uint32_t dst, const void* map, int c0, int c1, uint32_t bar) {
+inline void tma_load_2d(uint32_t dst, const void* map, int c0, int c1, uint32_t bar, EMU_SITE_ARG) {
   const int c[2] = {c0, c1};
-  tma_load(dst, map, 2, c, bar);
+  tma_load(dst, map, 2, c, bar, site);
 }
 // The box lands in shared memory in element order (x fastest, then y, then z), each element's
 // address swizzled; elements outside the tensor are zeros (or NaN with the NaN fill).
@@ -323,9 +434,11 @@ inline void land(const CopyJob& j) {
           std::memcpy(d, nan_bits + 8 - es, es);
         else
           std::memset(d, 0, es);
+        async_wrote(a, es);
       }
 }
 inline void land_copies(uint32_t bar) {
+  attribute_my_stores();  // the waiting thread's own stores so far are not the copy's
   std::vector<CopyJob> jobs;
   jobs.swap(g_state->bars[bar].copies);
   for (const CopyJob& j : jobs) {
@@ -360,8 +473,6 @@ inline void run_op(int wg, int k) {
     if (!W.ops[i].done) run_op(wg, i);
   WgOp& op = W.ops[k];
   if (op.done) return;
-  const SmemDesc a = decode_desc(op.da), b = decode_desc(op.db);
-  if ((!op.a_in_regs && a.base_offset) || b.base_offset) fail("wgmma: matrix base offset != 0 is not modelled");
   // On the GPU the MMA reads its operands at some time between the issue and the completion: a
   // change in between is a race whichever value the model picked.
   const std::vector<uint16_t> now = operand_bits(op.da, op.db, op.n, op.a_in_regs);
@@ -416,8 +527,36 @@ inline void check_no_reader_in_flight(uint32_t lo, uint32_t hi, const char* who)
           fail(std::string(who) + " overwrites shared memory a wgmma in flight reads (a buffer released before "
                                   "wgmma.wait_group retired its readers)");
 }
+// An operand's descriptor against "Matrix Descriptor Format": a swizzled operand's repeating
+// pattern (8 rows of `span` bytes) starts where row 0 starts — the start address with its offset
+// within the row (the K slice) removed — and with base offset 0 that must be a pattern boundary.
+inline void check_pattern_start(uint64_t desc, const char* operand, const Site& site) {
+  const SmemDesc d = decode_desc(desc);
+  if (d.base_offset) fail(std::string("wgmma at ") + where(site) + ": operand " + operand +
+                          " has matrix base offset " + std::to_string(d.base_offset) + " (non-zero base offsets are not modelled)");
+  if (d.mode == 0) return;
+  const uint32_t pattern = d.start & ~uint32_t(d.span() - 1), repeat = 8u * uint32_t(d.span());
+  if (pattern % repeat)
+    fail(std::string("wgmma at ") + where(site) + ": operand " + operand + " is " + std::to_string(d.span()) +
+         "B-swizzled with base offset 0, but its repeating pattern starts at shared address " + std::to_string(pattern) +
+         " (dynamic shared memory byte " + std::to_string(pattern - SMEM_BASE) + "), not on a " + std::to_string(repeat) +
+         "-byte boundary (PTX ISA, Matrix Descriptor Format)");
+}
+// The async-proxy reads of an operation: every element of A (unless in registers) and B.
+inline void check_operand_proxy_order(uint64_t da, uint64_t db, int n, bool a_in_regs, const Site& site) {
+  attribute_my_stores();
+  const SmemDesc a = decode_desc(da), b = decode_desc(db);
+  const std::string what = "wgmma.mma_async m64n" + std::to_string(n) + "k16";
+  for (int r = 0; r < 64 && !a_in_regs; ++r)
+    for (int k = 0; k < 16; ++k)
+      for (uint32_t i = 0; i < 2; ++i) check_proxy_order(kmajor_addr(a, r, k) + i, what + " (operand A)", site);
+  for (int r = 0; r < n; ++r)
+    for (int k = 0; k < 16; ++k)
+      for (uint32_t i = 0; i < 2; ++i) check_proxy_order(kmajor_addr(b, r, k) + i, what + " (operand B)", site);
+}
 inline void wgmma_fence() { me().fenced = true; }
-inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d, const unsigned* a_regs = nullptr) {
+inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d, const unsigned* a_regs = nullptr,
+                        EMU_SITE_ARG) {
   const int tid = thread_index(), wg = tid / 128;
   ThreadState& T = me();
   if (T.groups.empty() && T.open.empty() && !T.fenced)
@@ -434,8 +573,11 @@ inline void wgmma_issue(float* d, int n, uint64_t da, uint64_t db, int scale_d, 
   }
   Warpgroup& W = g_state->wgs[wg];
   const int k = T.issued++;
-  if (int(W.ops.size()) <= k) {
+  if (int(W.ops.size()) <= k) {  // the warpgroup's first thread to issue it: check the operands once
     if (a_regs) da = 0;
+    if (!a_regs) check_pattern_start(da, "A", site);
+    check_pattern_start(db, "B", site);
+    check_operand_proxy_order(da, db, n, a_regs != nullptr, site);
     W.ops.push_back(WgOp{da, db, n, scale_d, 0, false, std::vector<float*>(128, nullptr)});
     if (!a_regs) footprint(da, 64, W.ops[k].lo[0], W.ops[k].hi[0]);
     footprint(db, n, W.ops[k].lo[1], W.ops[k].hi[1]);
@@ -548,6 +690,9 @@ void launch_async(dim3 grid, dim3 block, size_t smem, int regs_at_entry, F kerne
         st.wgs.resize(n / 128);
         for (auto& w : st.wgs) w.regs = regs_at_entry;
         st.regs_at_entry = regs_at_entry;
+        st.seen = b.dyn_smem;
+        st.writer.assign(smem, 0);
+        st.write_fences.assign(smem, 0);
         g_state = &st;
         for (auto& f : b.fibers) {
           f.state = emu::RUNNABLE;
@@ -569,7 +714,9 @@ void launch_async(dim3 grid, dim3 block, size_t smem, int regs_at_entry, F kerne
           threadIdx = f.tid;
           swapcontext(&emu::g_scheduler, &f.ctx);
           emu::g_cur = nullptr;
-          return !(was_parked && st.threads[t].parked && st.events == ev);
+          const bool idle = was_parked && st.threads[t].parked && st.events == ev;
+          if (!idle) attribute_generic_stores(t);  // an idle thread only re-polled: it stored nothing
+          return !idle;
         };
         for (int sweep = 0;; ++sweep) {
           bool progress = false;

@@ -31,7 +31,7 @@ KERNEL_FILES = ("gemm_bf16_sm90.cu", "flash_attn_sm90.cu", "common.cuh", "sm90.c
 # compiled as they are; tensor_maps.py (the maps' parameters) is used from Python, as a GPU launcher would
 STANDINS = ("prelude.h", "cuda_bf16.h", "hopper.cuh", "ptx_sm90.cuh", "hopper_driver.cpp")
 _DYNAMIC_SMEM = "extern __shared__ __align__(16) unsigned char smem_raw[];"
-SMEM_BASE = 0x410  # shared address of dynamic shared memory's first byte in the model (hopper.cuh)
+SMEM_BASE = 0x400  # shared address of dynamic shared memory's first byte in the model (hopper.cuh): 1024-aligned
 SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}  # span in bytes -> descriptor bits 62..63
 
 _i = ctypes.c_int
@@ -138,6 +138,99 @@ def attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
             device.asarray(np.ascontiguousarray(qkv)), np.asarray(cu_seqlens), num_heads, head_dim, cu_dev
         )
         return o.get(), lse.get()
+
+
+def _model_map(m: tensor_maps.TiledMap, address: int) -> np.ndarray:
+    """`m` for a tensor at `address`, encoded by the model of cuTensorMapEncodeTiled (a 64-byte aligned view)."""
+    buf = np.zeros(256, np.uint8)
+    view = buf[(-buf.ctypes.data) % 64 :][:128]
+    d = np.asarray(m.dims, np.uint64)
+    s = np.asarray(list(m.strides) or [0], np.uint64)
+    bx = np.asarray(m.box, np.uint32)
+    why = ctypes.create_string_buffer(200)
+    rc = library().hop_encode_tiled(
+        _ptr(view),
+        _u(2),
+        _u(len(d)),
+        ctypes.c_void_p(address),
+        _ptr(d),
+        _ptr(s),
+        _ptr(bx),
+        _i(m.swizzle),
+        _i(0),
+        why,
+        _i(200),
+    )
+    if rc:
+        raise ValueError(f"tensor map {m} rejected: {why.value.decode()}")
+    return view
+
+
+def probe_gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32", fault: int = 0, block_n=128):
+    """gemm_bf16_sm90 through the probe library's fixed entry point (`library().hop_gemm_sm90`), NumPy in and out.
+
+    For the model tests that swap `library` for a planted build (tests/test_hopper_fidelity.py); everything
+    else launches through the real launchers (`gemm`)."""
+    if a.dtype != np.uint16 or b.dtype != np.uint16:
+        raise ValueError("gemm_bf16_sm90 takes bf16 operands (uint16 bits)")
+    M, K = a.shape
+    N, K2 = b.shape
+    if K != K2:
+        raise ValueError(f"gemm: inner dimensions differ (A has K={K}, B has K={K2})")
+    if epilogue not in _EPI:
+        raise ValueError(f"unknown epilogue {epilogue!r}; known: {', '.join(_EPI)}")
+    map_a = _model_map(tensor_maps.gemm_operand_map(M, K), _ptr(a).value)
+    map_b = _model_map(tensor_maps.gemm_operand_map(N, K, block_n), _ptr(b).value + (16 if fault == 1 else 0))
+    if out is None:
+        out = np.full((M, N), np.nan, np.float32) if out_dtype == "float32" else np.full((M, N), 0x7FC0, np.uint16)
+    r = out if residual is None else residual
+    rc = library().hop_gemm_sm90(
+        _i(out.dtype == np.uint16),
+        _i(_EPI[epilogue]),
+        _i(block_n),
+        _ptr(map_a),
+        _ptr(map_b),
+        _ptr(out),
+        _ptr(r),
+        _i(M),
+        _i(N),
+        _i(K),
+    )
+    if rc:
+        raise RuntimeError(f"gemm_bf16_sm90 emulation failed (rc={rc})")
+    return out
+
+
+PROBE_HEAD_DIMS = (24, 64, 72, 128)  # flash_attn_sm90 instantiations in hopper_driver.cpp
+
+
+def probe_attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
+    """flash_attn_sm90 through the probe library's fixed entry point (see `probe_gemm`): (out, lse)."""
+    if head_dim not in PROBE_HEAD_DIMS:
+        raise ValueError(f"the Hopper emulation is built for head dims {PROBE_HEAD_DIMS}, not {head_dim}")
+    if qkv.dtype != np.uint16:
+        raise ValueError("flash_attn_sm90 takes bf16 qkv (uint16 bits)")
+    L = qkv.shape[0]
+    if qkv.shape[1] != 3 * num_heads * head_dim:
+        raise ValueError(f"qkv has {qkv.shape[1]} columns, expected 3 * {num_heads} * {head_dim}")
+    cu = np.ascontiguousarray(cu_seqlens if cu_seqlens_device is None else cu_seqlens_device, dtype=np.int32)
+    out = np.full((L, num_heads * head_dim), 0x7FC0, np.uint16)
+    lse = np.full((L, num_heads), np.nan, np.float32)
+    sw, raw = (_model_map(m, _ptr(qkv).value) for m in tensor_maps.attention_qkv_maps(L, num_heads, head_dim))
+    rc = library().hop_attention_sm90(
+        _i(head_dim),
+        _ptr(sw),
+        _ptr(raw),
+        _ptr(out),
+        _ptr(lse),
+        _ptr(cu),
+        _i(cu.size - 1),
+        _i(int(np.max(np.diff(cu)))),
+        _i(num_heads),
+    )
+    if rc:
+        raise RuntimeError(f"flash_attn_sm90 emulation failed (rc={rc})")
+    return out, lse
 
 
 # ============================================================================ probes of the models

@@ -8,7 +8,7 @@
 namespace hx = emu::hopper;
 
 namespace {
-// Shared memory of the probes: a 1024-byte-aligned region (like the kernels align theirs).
+// Shared memory of the probes: a 1024-byte-aligned region (dynamic shared memory already is one).
 unsigned char* aligned_smem() {
   unsigned char* raw = emu::dynamic_smem();
   return raw + ((1024u - (hx::smem_addr(raw) & 1023u)) & 1023u);
@@ -47,7 +47,7 @@ int attn_sm90_launch(const void* map_sw, const void* map_raw, void* out, float* 
   std::memcpy(&raw, map_raw, sizeof raw);
   const float scale_log2 = (1.0f / std::sqrt((float)HD)) * 1.4426950408889634f;
   hx::launch_async(dim3{unsigned((max_len + Cfg::BQ - 1) / Cfg::BQ), unsigned(H), unsigned(nitems)},
-                   dim3{Cfg::THREADS, 1, 1}, Cfg::SMEM_BYTES, 248,
+                   dim3{Cfg::THREADS, 1, 1}, Cfg::SMEM_BYTES, 65536 / (Cfg::BLOCKS_PER_SM * Cfg::THREADS),
                    [&] { flash_attn_sm90<HD>(sw, raw, (bf16*)out, lse, cu, H, scale_log2); });
   return 0;
 }
@@ -128,6 +128,7 @@ int hop_tma_probe(const void* g, unsigned long long rows, unsigned long long col
     auto* bar = reinterpret_cast<unsigned long long*>(s + ((dst_off + bytes + 7) / 8) * 8);
     if (threadIdx.x == 0) {
       mbar_init(bar, 1);
+      fence_mbarrier_init();
       mbar_arrive_expect_tx(bar, unsigned(bytes));
       tma_load_2d(s + dst_off, &map, c0, c1, bar);
       std::memcpy(before_raw, s + dst_off, bytes);
@@ -162,6 +163,37 @@ void hop_mbar_script(const int* ops, const int* args, int n, int* results) {
     }
   });
 }
+// A bulk tensor copy by thread 0 (after a __syncthreads) into the first 1024 bytes of shared memory,
+// completing on a barrier thread 0 initialised. `how`: 0 no fence after the init, 1 fence.mbarrier_init,
+// 2 fence.proxy.async, 3 fence.mbarrier_init by thread 1 (not the initialiser), 4 fence.mbarrier_init
+// before the init; 5 fence.mbarrier_init, and thread 0 first stores into the copy's destination with no
+// fence.proxy.async after the store; 6 as 5 with that fence.
+void hop_tma_order_probe(int how) {
+  alignas(16) static unsigned short g[8 * 64] = {};
+  TmaMap map;
+  const uint64_t dims[2] = {64, 8}, pitch[1] = {128};
+  const uint32_t box[2] = {64, 8};
+  hx::encode_tiled(&map, 2, 2, g, dims, pitch, box, 128, 0, nullptr);
+  hx::launch_async(dim3{1, 1, 1}, dim3{128, 1, 1}, 2048, 168, [&] {
+    unsigned char* s = aligned_smem();
+    auto* bar = reinterpret_cast<unsigned long long*>(s + 1024);
+    if (threadIdx.x == 0) {
+      if (how == 4) fence_mbarrier_init();
+      mbar_init(bar, 1);
+      if (how == 1 || how >= 5) fence_mbarrier_init();
+      if (how == 2) fence_proxy_async();
+      if (how >= 5) std::memset(s + 256, 0x5A, 16);  // ordinary stores into the copy's destination
+      if (how == 6) fence_proxy_async();
+    }
+    if (threadIdx.x == 1 && how == 3) fence_mbarrier_init();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      mbar_arrive_expect_tx(bar, 1024);
+      tma_load_2d(s, &map, 0, 0, bar);
+      mbar_wait(bar, 0);
+    }
+  });
+}
 // A wait on a barrier nobody arrives at (the scheduler must report a deadlock).
 void hop_mbar_deadlock() {
   hx::launch_async(dim3{1, 1, 1}, dim3{128, 1, 1}, 1024 + 64, 168, [&] {
@@ -181,7 +213,8 @@ void hop_mbar_deadlock() {
 // flags: 1 = skip wgmma.fence, 2 = thread 5 gives a different B descriptor, 4 = thread 0 starts a
 // bulk tensor copy into B's bytes (offset b_desc[0], 128-aligned) before waiting for the wgmma.
 // 8 = A from registers: thread t passes a_regs[4t .. 4t + 4) (the m64nNk16 A fragment) instead of a_desc;
-// 16 = thread 0 stores into B's first element (offset b_desc[0]) before the wait.
+// 16 = thread 0 stores into B's first element (offset b_desc[0]) before the wait; 32 = no fence.proxy.async
+// after thread 0's ordinary stores of the image.
 void hop_wgmma_probe(const void* image, int image_bytes, int n, const unsigned* a_desc, const unsigned* b_desc,
                      int scale_d, const float* init, float* out, float* early, int flags, const unsigned* a_regs) {
   alignas(16) static unsigned short g[8 * 64] = {};
@@ -193,7 +226,10 @@ void hop_wgmma_probe(const void* image, int image_bytes, int n, const unsigned* 
   hx::launch_async(dim3{1, 1, 1}, dim3{128, 1, 1}, 1024 + bar_off + 8, 168, [&] {
     unsigned char* s = aligned_smem();
     const int t = threadIdx.x, r = n / 2;
-    if (t == 0) std::memcpy(s, image, image_bytes);
+    if (t == 0) {
+      std::memcpy(s, image, image_bytes);  // ordinary stores: wgmma may read them after the proxy fence
+      if (!(flags & 32)) fence_proxy_async();
+    }
     __syncthreads();
     const unsigned base = hx::smem_addr(s);
     const unsigned long long da = wgmma_desc(base + a_desc[0], a_desc[1], a_desc[2], int(a_desc[3]));
@@ -218,6 +254,7 @@ void hop_wgmma_probe(const void* image, int image_bytes, int n, const unsigned* 
     if ((flags & 4) && t == 0) {
       auto* bar = reinterpret_cast<unsigned long long*>(s + bar_off);
       mbar_init(bar, 1);
+      fence_mbarrier_init();
       mbar_arrive_expect_tx(bar, 1024);
       tma_load_2d(s + b_desc[0], &map, 0, 0, bar);
       mbar_wait(bar, 0);
