@@ -185,7 +185,7 @@ show("sm90.cuh", "// The 64-bit shared-memory matrix descriptor", "}")
 
 # %%
 if HAVE_CXX:
-    ring = 0x800  # where the kernel's 1024-aligned ring starts in the emulator's shared memory
+    ring = 0x400  # the ring opens dynamic shared memory, declared __align__(1024); the emulator's window starts there
     rows = []
     for kk in range(4):
         d = hopper.desc_encode(ring + 32 * kk, 16, 1024, 128)
@@ -203,7 +203,8 @@ else:
 # Only the start address moves (by 2 in 16-byte units). That is enough even though the rows are
 # swizzled (next section): the swizzle is a function of the *final* address bits, so wgmma applies it
 # after adding the row and chunk offsets to the start — which is why the tile must start on a
-# 1024-byte boundary (`base offset = 0`), and why the kernel rounds its shared memory up to one.
+# 1024-byte boundary (`base offset = 0`), and why the kernels declare their dynamic shared memory
+# `__align__(1024)` (the emulator refuses a 128B-swizzled operand off such a boundary).
 #
 # ## 3. The 128-byte swizzle
 #
@@ -697,8 +698,8 @@ box_b = tensor_maps.gemm_operand_map(300, 136, 256).box_bytes  # B [300, 136]: 2
 expect_tx_answer = 128 * 64 * 2 + 256 * 64 * 2  # worked answer: whole boxes, zero-filled part included
 
 assert expect_tx_answer == box_a + box_b
-# the kernel's shared memory is 4 such stages + 8 barriers + 1 KiB of alignment slack
-assert hopper_launchers.gemm_smem_bytes(256) == 4 * expect_tx_answer + 8 * 8 + 1024
+# the kernel's shared memory is 4 such stages + 8 barriers (no alignment slack: it is declared __align__(1024))
+assert hopper_launchers.gemm_smem_bytes(256) == 4 * expect_tx_answer + 8 * 8
 print(f"{expect_tx_answer:,} bytes per stage")
 
 # %% [markdown]
