@@ -237,9 +237,11 @@ def test_ftz_changes_the_binary_and_cupys_second_ftz_is_harmless(monkeypatch):
     src = 'extern "C" __global__ void k(float* p) { p[0] = p[1] * p[2] + p[3] / p[4]; }'
     with_ftz, _, _ = nvrtc_check.compile_text(src, "ftz.cu", ["k"], "sm_90")
     base = nvrtc_check.nvrtc_options
-    monkeypatch.setattr(nvrtc_check, "nvrtc_options", lambda arch: [*base(arch), "-ftz=true"])
+    monkeypatch.setattr(nvrtc_check, "nvrtc_options", lambda arch, strict=True: [*base(arch, strict), "-ftz=true"])
     twice, _, _ = nvrtc_check.compile_text(src, "ftz.cu", ["k"], "sm_90")
-    monkeypatch.setattr(nvrtc_check, "nvrtc_options", lambda arch: [o for o in base(arch) if o != "-ftz=true"])
+    monkeypatch.setattr(
+        nvrtc_check, "nvrtc_options", lambda arch, strict=True: [o for o in base(arch, strict) if o != "-ftz=true"]
+    )
     without, _, _ = nvrtc_check.compile_text(src, "ftz.cu", ["k"], "sm_90")
     assert twice == with_ftz
     assert without != with_ftz

@@ -70,7 +70,9 @@ def prediction_rows(
     floor (compulsory traffic), the bound as written (requested traffic), then what gpu_check measured
     for it on a real GPU (or "—"). `note` says where the measured column comes from, or that nothing
     was measured yet."""
-    from moonvit_kernels.xray import catalogue, roofline
+    from types import SimpleNamespace
+
+    from moonvit_kernels.xray import calibration, catalogue, roofline
     from moonvit_kernels.xray.arch import GPUS
 
     if stage not in STAGE_KERNELS:
@@ -81,9 +83,16 @@ def prediction_rows(
     infos = [catalogue.describe(backend, label) for backend, label in STAGE_KERNELS[stage]]
     reports = measured_reports(results_dir)
     measured: dict[str, list[str]] = {}
+    candidates = [  # the rows calibration.match_row reads, one per catalogue kernel of the stage
+        SimpleNamespace(
+            backend=i.backend, family=i.family, k3=True, flops=i.flops, kernel=i.label, version=i.version, info=i
+        )
+        for i in infos
+    ]
     for path in reports:
-        for row in roofline.read_measured(path):
-            info = roofline.match_measured(row, infos)
+        for row in calibration.read_kernel_rows(path):
+            match = calibration.match_row(row, candidates)
+            info = None if match is None else match.info
             if info is not None:
                 measured.setdefault(info.label, []).append(f"{_rate_text(row)} ({path.parent.name})")
     rows = []

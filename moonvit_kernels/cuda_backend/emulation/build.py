@@ -114,8 +114,7 @@ def for_emulator(code: str) -> str:
     inline PTX) replaced by `#include`s of their stand-ins, and the dynamic shared-memory declaration
     taken from the emulated block."""
     code = _INLINED_PTX.sub(lambda m: f'#include "{m.group(1)}"\n#line {m.group(2)} "{m.group(3)}"', code)
-    code = _DYNAMIC_SMEM_ANY.sub("unsigned char* smem_raw = emu::dynamic_smem();", code)
-    return "#ifndef __grid_constant__\n#define __grid_constant__\n#endif\n" + code
+    return _DYNAMIC_SMEM_ANY.sub("unsigned char* smem_raw = emu::dynamic_smem();", code)
 
 
 def build_library(
