@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import cuda
 
 from ..config import VisionConfig
 from ..reference import layer_weight_names, validate_grid_thws, validate_inputs
@@ -37,6 +36,7 @@ from . import merge as merge_k
 from . import pos_emb as pos_emb_k
 from . import rmsnorm as rmsnorm_k
 from . import rope as rope_k
+from ._cuda import cuda
 from .input_check import first_nonfinite_row
 from .launch import cu_seqlens_table, device_array, grid_table, is_device_array, item_table
 

@@ -65,6 +65,7 @@ class KernelReport:
     stack_bytes: int | None = None
     shared_bytes: int | None = None
     error: str | None = None
+    compiler: str = ""  # `_cuda.COMPILER` that built it
 
     @property
     def spill_bytes(self) -> int | None:
@@ -133,13 +134,29 @@ def parse_ptxas_log(log: str) -> dict[str, int]:
 
 # ============================================================================ compiling
 @contextlib.contextmanager
-def _device_functions_target(cc: tuple[int, int]) -> Iterator[None]:
-    """Compile `@cuda.jit(device=True)` callees for `cc` without a driver.
+def driverless_target(cc: tuple[int, int]) -> Iterator[None]:
+    """Let the compiler in use (`_cuda.COMPILER`) build for `sm_{cc}` with no CUDA driver present.
 
-    numba-cuda 0.30 compiles a device function called from a kernel for "the current device"
-    (`get_current_device().compute_capability`), which needs a CUDA driver even inside
-    `compile_ptx(..., cc=...)`. Here that lookup answers the target architecture instead.
+    numba-cuda 0.30 compiles a `@cuda.jit(device=True)` callee for "the current device"
+    (`dispatcher.get_current_device().compute_capability`) even inside `compile_ptx(..., cc=...)`.
+    numba-cuda-mlir 0.6 asks the driver for the current device's compute capability in every compile
+    (`tools.resolve_gpu_target`, to pick the linker's architecture), even with `cc=` given; it caches
+    the answer in `tools._cached_cc`, which is set to `cc` here. Both lookups need a driver and have no
+    public switch (worth an upstream issue); here they answer the target architecture instead.
     """
+    from ._cuda import COMPILER, NUMBA_CUDA_MLIR
+
+    if COMPILER == NUMBA_CUDA_MLIR:
+        from numba_cuda_mlir import tools
+
+        original = tools._cached_cc
+        tools._cached_cc = cc
+        try:
+            yield
+        finally:
+            tools._cached_cc = original
+        return
+
     from numba.cuda import dispatcher
 
     original = dispatcher.get_current_device
@@ -199,11 +216,13 @@ def build_kernel(
     cc: tuple[int, int] = TARGET_CC,
 ) -> tuple[KernelReport, bytes | None]:
     """`check_kernel`, also returning the kernel's cubin for `sm_{cc}` (None when it did not compile)."""
-    from numba import cuda
+    from ._cuda import COMPILER, cuda
 
-    report = KernelReport(module=module, kernel=fn.__name__, signature=signature, max_registers=int(max_registers))
+    report = KernelReport(
+        module=module, kernel=fn.__name__, signature=signature, max_registers=int(max_registers), compiler=COMPILER
+    )
     try:
-        with _device_functions_target(cc):
+        with driverless_target(cc):
             ptx, _ = cuda.compile_ptx(fn, signature, cc=cc)
         cubin, log = link(ptx, arch_name(cc))
     except Exception as e:  # a compile error is a result of this tier, not a crash of it
@@ -247,9 +266,9 @@ def build_cubins(
     safe as a file name. Kernels that fail to compile are left out (their reports say why: `check_all`).
     Needs a process where numba runs with the CUDA simulator off (raises RuntimeError otherwise).
     """
-    from numba import config
+    from ._cuda import COMPILER, NUMBA_CUDA
 
-    if config.ENABLE_CUDASIM:
+    if COMPILER == NUMBA_CUDA and importlib.import_module("numba").config.ENABLE_CUDASIM:
         raise RuntimeError("build_cubins needs numba with the CUDA simulator off: run it in a fresh process")
     out = []
     for report, cubin in _build_all(modules, cc):

@@ -9,7 +9,7 @@ runs it as an ordinary Python call, and arguments that are compile-time constant
 
 from __future__ import annotations
 
-from numba import cuda
+from ._cuda import cuda
 
 # `op` of `block_reduce`.
 REDUCE_SUM = 0

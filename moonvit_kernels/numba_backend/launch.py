@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from numba import cuda
-from numba.cuda.cudadrv.devicearray import is_cuda_ndarray
+
+from ._cuda import cuda, is_cuda_ndarray
 
 # Largest index a kernel computes in int32 without overflow.
 INT32_MAX = 2**31 - 1
