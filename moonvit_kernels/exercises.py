@@ -558,7 +558,7 @@ def _where(mask: np.ndarray, axes: tuple[str, str], total: tuple[int, ...]) -> s
 
 def _launch(kernel: Any, case: Case) -> tuple[np.ndarray, np.ndarray]:
     """Run the kernel once on fresh device copies; returns (output, the guard rows after it)."""
-    from numba import cuda
+    from moonvit_kernels.numba_backend._cuda import cuda
 
     fill = INT_SENTINEL if case.out_dtype == np.int32 else SENTINEL
     full = np.full((case.out_shape[0] + GUARD_ROWS, *case.out_shape[1:]), fill, dtype=case.out_dtype)

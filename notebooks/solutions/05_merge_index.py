@@ -1,6 +1,6 @@
 """Solution of exercise "merge_index" (notebook 05): the 2×2 patch merge gather, mean over frames."""
 
-from numba import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 
 KH, KW = 2, 2
 
