@@ -171,7 +171,7 @@ def test_hot_loops_are_checked_against_their_sass_budgets(reports):
         pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm, part of the dev extra)")
     loops = {(r.compiler, r.kernel): r.loops for r in reports}
     assert all(found is not None for found in loops.values()), "compile_check --sass recorded no loops"
-    for compiler in {r.compiler for r in reports}:
+    for compiler in {r.compiler for r in reports}:  # the loops the budgets hold must exist
         gemm_v3 = [lp for lp in loops[(compiler, "gemm_v3_none")] if lp["fma"]]
         attn_v2 = [lp for lp in loops[(compiler, "attention_v2_hd128_q32_k16")] if lp["fma"]]
         # GEMM v3's k-slab loop (128 FFMAs unrolled); attention v2's QK and PV loops at hd 128
@@ -188,14 +188,16 @@ def test_register_table_covers_what_the_compiler_reports_now(reports):
 
 def test_sass_budgets_and_register_table_can_fail():
     """The budgets of `--sass` and the register-table comparison reject what they promise to, per compiler."""
-    loop = {"size": 20, "fma": 8, "local": 0, "bar": 0}
+    loop = {"size": 20, "fma": 8, "ldl": 0, "stl": 0, "bar": 0}
     ok = KernelReport("gemm", "gemm_v3_none", "", 128, 90, 0, 0, 0, 0, compiler="numba-cuda-mlir", loops=[loop])
     assert ok.ok
     slow = KernelReport(**{**ok.__dict__, "loops": [{**loop, "size": 40}]})
-    framed = KernelReport(**{**ok.__dict__, "kernel": "merge_gather_kernel", "loops": [{**loop, "local": 4}]})
+    framed = KernelReport(**{**ok.__dict__, "kernel": "merge_gather_kernel", "loops": [{**loop, "ldl": 2, "stl": 2}]})
+    filled = KernelReport(**{**framed.__dict__, "loops": [{**loop, "stl": 1}]})  # fills a local array: allowed
     rope = KernelReport(**{**ok.__dict__, "kernel": "rope2d_kernel", "loops": [{**loop, "size": 33, "bar": 1}]})
     assert "40 instructions for 8 FFMA (limit 4.0/FFMA)" in slow.problems()[0]
-    assert "local memory (LDL/STL) in a loop: 4 of 20" in framed.problems()[0]
+    assert "local memory across loop iterations: 2 LDL and 2 STL in a loop of 20" in framed.problems()[0]
+    assert filled.ok
     assert "barrier of 33 instructions (limit 32)" in rope.problems()[0]
     assert register_table_problems([ok]) == []
     over = KernelReport(**{**ok.__dict__, "registers": 97})
