@@ -88,6 +88,7 @@ class KernelReport:
     shared_bytes: int | None = None
     error: str | None = None
     compiler: str = ""  # `_cuda.COMPILER` that built it
+    ptx_version: str | None = None  # the PTX ISA of its PTX, e.g. "9.0" (a CUDA 13.0 driver accepts up to 9.0)
     # with `--sass`: the kernel's innermost loops, {"size", "fma", "ldl", "stl", "bar"} instruction counts each
     loops: list[dict[str, int]] | None = None
 
@@ -272,6 +273,7 @@ def build_kernel(
     try:
         with driverless_target(cc):
             ptx, _ = cuda.compile_ptx(fn, signature, cc=cc)
+        report.ptx_version = ptx_isa(ptx)
         cubin, log = link(ptx, arch_name(cc))
     except Exception as e:  # a compile error is a result of this tier, not a crash of it
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -280,6 +282,12 @@ def build_kernel(
     for key, value in parse_ptxas_log(log).items():
         setattr(report, key, value)
     return report, cubin
+
+
+def ptx_isa(ptx: str) -> str | None:
+    """The PTX ISA version a PTX text declares (`.version 9.0` -> `"9.0"`), None without one."""
+    found = re.search(r"^\s*\.version\s+(\d+\.\d+)", ptx, re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def arch_name(cc: tuple[int, int]) -> str:

@@ -5,8 +5,8 @@ numba / numba-cuda, CUDA 13 wheels) and, where installed, numba-cuda-mlir. Witho
 - numba-cuda compiles on numpy 2.5 through `_cuda`'s scoped `np.row_stack` shim (upstream issue 907), and the
   shim is still needed (when it is not, this says so: remove it);
 - `compile_check` builds every numba kernel for sm_80 and sm_90 with each installed compiler, with no spills,
-  registers within each compiler's table (`registers.py`), and, where nvdisasm is installed, hot loops within
-  their SASS budgets;
+  registers within each compiler's table (`registers.py`), PTX a CUDA 13.0 driver loads (ISA <= 9.0), and,
+  where nvdisasm is installed, hot loops within their SASS budgets;
 - one kernel source (merge_gather, which calls find_item) builds with both compilers and runs on the simulator.
 
 Run in the target venv: `python -m pytest -m target tests/target`. Selected only with `-m target` (the main
@@ -149,6 +149,19 @@ def test_every_kernel_compiles_with_each_compiler(reports, arch):
     assert not failures, "kernels failing the compile tier:\n" + "\n".join(failures)
     problems = register_table_problems(built)
     assert not problems, "registers.KERNEL_REGISTERS is below the compiler:\n" + "\n".join(problems)
+
+
+# The newest PTX ISA a CUDA 13.0 driver (R580) loads: NVVM 13.0 emits it, a newer NVVM a newer one.
+MAX_PTX_ISA = (9, 0)
+
+
+def test_ptx_is_what_a_cuda_13_0_driver_accepts(reports):
+    isas = {(r.compiler, r.ptx_version) for built in reports.values() for r in built if r.error is None}
+    too_new = sorted(f"{c}: PTX ISA {v}" for c, v in isas if v is None or tuple(map(int, v.split("."))) > MAX_PTX_ISA)
+    assert not too_new, (
+        f"{too_new}: a CUDA 13.0 driver loads PTX ISA <= {MAX_PTX_ISA[0]}.{MAX_PTX_ISA[1]}; "
+        "pin nvidia-nvvm==13.0.* (the NVVM decides the ISA)"
+    )
 
 
 def test_sass_budgets_were_checked(reports):
