@@ -69,35 +69,34 @@ def test_numba_backend_rejects_bad_input(run):
         MoonViT(CFG, w, backend="tpu")
 
 
-def test_forward_under_another_current_device_names_both_devices(run, monkeypatch):
+def test_forward_under_another_current_device_names_both_devices(monkeypatch):
     """The weights live on the device current at construction (0 here); with another device current,
     forward stops before any kernel with one error naming both (the simulator has one device, so the
     current device id is faked)."""
     from moonvit_kernels.numba_backend import _cuda
 
-    model, pv, *_ = run
+    model = MoonViT(CFG, random_weights(CFG, 0), backend="numba")
     assert model.backend.device_id == 0
     monkeypatch.setattr(_cuda, "current_device_id", lambda: 1)
+    pv = random_pixels(GRID, CFG.patch_size, seed=3)
     with pytest.raises(RuntimeError, match=r"uploaded to CUDA device 0.*current device is device 1.*cuda\.gpus\[0\]"):
-        model.backend.forward(pv, GRID)
+        model.forward(pv, GRID)
 
 
-def test_backend_names_its_compiler_and_refuses_another(run):
+def test_backend_names_its_compiler_and_refuses_another():
     from moonvit_kernels.device import simulator_enabled
     from moonvit_kernels.numba_backend import _cuda, compilers
 
-    model, *_ = run
-    info = model.backend.describe()
+    w = random_weights(CFG, 0)
+    info = MoonViT(CFG, w, backend="numba", compiler=_cuda.COMPILER).backend.describe()  # the compiler in use
     assert info["compiler"] == _cuda.compiler_label() and info["compiler"].startswith(f"{_cuda.COMPILER} 0.")
     assert info["compiler"].endswith("(CUDA simulator)") == simulator_enabled()
     assert info["device"].startswith("device 0")
-    w = random_weights(CFG, 0)
     (other,) = set(compilers.COMPILERS) - {_cuda.COMPILER}
     with pytest.raises(ValueError, match=f"built with {_cuda.COMPILER} 0.*MOONVIT_NUMBA_COMPILER={other}"):
         MoonViT(CFG, w, backend="numba", compiler=other)
     with pytest.raises(ValueError, match="unknown numba compiler 'llvm'"):
         MoonViT(CFG, w, backend="numba", compiler="llvm")
-    MoonViT(CFG, w, backend="numba", compiler=_cuda.COMPILER)  # the compiler in use is accepted
 
 
 def _count_device_traffic(monkeypatch, n_layers: int) -> dict[str, int]:
