@@ -298,7 +298,8 @@ display(Markdown(markdown_table(("kernel (max over sm_80/89/90)", *compilers.COM
 # * On a GPU, numba-cuda-mlir (opt-in): add `pip install "numba-cuda-mlir[cu13]>=0.6"` and set
 #   `MOONVIT_NUMBA_COMPILER=mlir` before starting Python; `NumbaBackend(...).describe()["compiler"]` says
 #   which compiler built the kernels.
-#
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. The two-select search still carries two variables. Write the "lower bound by halving" form: keep
