@@ -26,16 +26,17 @@ import pytest
 from moonvit_kernels.numba_backend.compile_check import KernelReport, format_table, parse_arch, register_table_problems
 from moonvit_kernels.numba_backend.compilers import NUMBA_CUDA, NUMBA_CUDA_MLIR, installed, version
 
-pytestmark = pytest.mark.target
+# Selected only with `-m target`: the condition is read at collection, before any fixture compiles anything.
+pytestmark = [
+    pytest.mark.target,
+    pytest.mark.skipif(
+        "'target' not in (config.getoption('markexpr') or '')",
+        reason="target-environment tier: run `python -m pytest -m target tests/target` in the target venv",
+    ),
+]
 
 ARCHES = ("sm_80", "sm_90")
 MLIR_MISSING = "numba-cuda-mlir not installed (pip install 'numba-cuda-mlir[cu13]>=0.6', the `mlir` extra)"
-
-
-@pytest.fixture(autouse=True)
-def _only_when_selected(request):
-    if "target" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("target-environment tier: run `python -m pytest -m target tests/target` in the target venv")
 
 
 def _python(code: str, simulator: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -164,27 +165,24 @@ def test_ptx_is_what_a_cuda_13_0_driver_accepts(reports):
     )
 
 
+@pytest.mark.skipif(not _nvdisasm(), reason="nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
 def test_sass_budgets_were_checked(reports):
-    if not _nvdisasm():
-        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm): SASS budgets not checked")
     for arch, built in reports.items():
         unchecked = [f"{r.compiler} {r.kernel}" for r in built if r.loops is None]
         assert not unchecked, f"{arch}: no SASS loops recorded for {unchecked}"
 
 
+@pytest.mark.skipif(not installed(NUMBA_CUDA_MLIR), reason=MLIR_MISSING)
 def test_numba_cuda_mlir_builds_the_kernels(reports):
-    if not installed(NUMBA_CUDA_MLIR):
-        pytest.skip(MLIR_MISSING)
     for arch, built in reports.items():
         mlir = [r for r in built if r.compiler == NUMBA_CUDA_MLIR]
         assert len(mlir) >= 25 and all(r.ok for r in mlir), (arch, [r.problems() for r in mlir if not r.ok])
 
 
+@pytest.mark.skipif(not installed(NUMBA_CUDA_MLIR), reason=MLIR_MISSING)
 def test_one_kernel_source_builds_with_both_compilers_and_runs_on_the_simulator(reports):
     """merge_gather_kernel (with find_item's binary search): one Python source, compiled by numba-cuda and by
     numba-cuda-mlir for sm_90, and run by numba-cuda's simulator against the NumPy reference."""
-    if not installed(NUMBA_CUDA_MLIR):
-        pytest.skip(MLIR_MISSING)
     built = {r.compiler: r for r in reports["sm_90"] if r.kernel == "merge_gather_kernel"}
     assert set(built) == {NUMBA_CUDA, NUMBA_CUDA_MLIR} and all(r.ok for r in built.values()), built
     assert built[NUMBA_CUDA].signature == built[NUMBA_CUDA_MLIR].signature
