@@ -1,8 +1,8 @@
-"""Benchmark the CUDA C kernels (through CuPy) and the CupyBackend tower on a GPU.
+"""Benchmark the CUDA C kernels (through CuPy; the Hopper ones on sm_90) and the CupyBackend tower on a GPU.
 
     PYTHONPATH=. python benchmarks/bench_cupy.py [--tokens 1024 4096] [--repeats 20] [--out DIR] [--skip-tower]
 
-A thin wrapper over `moonvit_kernels.gpu_check` (sections b and c, CUDA C kernels only), which holds
+A thin wrapper over `moonvit_kernels.gpu_check` (sections b and c, backends cuda and hopper), which holds
 the timing (CUDA events, warm-up, median and p10..p90), the baselines measured in the same run
 (cuBLAS bf16 through torch or fp16 through CuPy, cuBLAS fp32 through CuPy, torch SDPA, a
 device-to-device copy), the re-checks of every timed output against NumPy, and the report
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--simulate", action="store_true", help="no GPU: the CUDA C emulator on the CPU, tiny sizes")
     args = p.parse_args(argv)
     sections = "kernels" if args.skip_tower else "kernels,tower"
-    forwarded = ["--backends", "cuda", "--sections", sections, "--out", str(args.out)]
+    forwarded = ["--backends", "cuda,hopper", "--sections", sections, "--out", str(args.out)]
     if args.simulate:  # the simulated plan's own tiny sizes and single runs
         forwarded.append("--simulate")
     else:

@@ -4,6 +4,7 @@ run     encode the bundled inputs (one image + one 2-frame video) with the bundl
 encode  images -> embeddings per image (.npz), on any backend
 encode-dataset  a folder / glob / Parquet list of images -> Parquet shards of embeddings, on Ray Data
 demo    the whole pipeline on the bundled photograph and tiny checkpoint -> PNG pictures
+rope    K3's 2D RoPE frequencies as pictures (PNG) and one interactive page (--html)
 golden  inputs and every intermediate stage as .npz files, for people porting MoonViT
 info    what a checkpoint holds, from the safetensors headers only (no tensor bytes read)
 fetch   only the vision tensors of a (sharded, remote) checkpoint, by ranged reads
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from . import rope_command
 from .bundled import PHOTO, TINY_DIR
 
 # The demo keeps the tiny model (patch 4) to about a thousand patches per image so that the
@@ -57,6 +60,8 @@ def load_checkpoint_or_fail(path: str | Path) -> tuple[Any, dict[str, np.ndarray
         )
         raise CLIError(f"{path}: no such checkpoint (expected a directory with config.json and safetensors){hint}")
     config_json = (path if path.is_dir() else path.parent) / "config.json"
+    if config_json.is_dir():
+        raise CLIError(f"{config_json}: is a folder, not a config.json file")
     if not config_json.is_file():
         raise CLIError(f"{path}: no config.json beside the weights (looked for {config_json})")
     try:
@@ -127,18 +132,52 @@ def preprocess_limits(args: argparse.Namespace) -> dict[str, int]:
     }
 
 
-def load_images_or_fail(paths: Sequence[str], config: Any, limits: dict[str, Any]) -> list[Any]:
-    """Preprocess each image file on its own (`Preprocessed` per file); CLIError naming the file."""
-    from .preprocess import load_image, preprocess_images
+def preprocess_settings(config: Any, args: argparse.Namespace) -> Any:
+    """The `PreprocessConfig` for `config` and the command line's limits; CLIError naming a bad limit."""
+    from .preprocess import resolve_settings
 
-    items = []
+    try:
+        return resolve_settings(config, **preprocess_limits(args))
+    except ValueError as e:
+        raise CLIError(f"--in-patch-limit / --patch-limit-on-one-side: {one_line(e)}") from None
+
+
+def load_images_or_fail(paths: Sequence[str], settings: Any) -> list[Any]:
+    """Preprocess each image file on its own (`Preprocessed` per file); CLIError naming the file."""
+    return [preprocess_one_or_fail(path, settings) for path in paths]
+
+
+def preprocess_one_or_fail(path: str, settings: Any) -> Any:
+    """`preprocess.preprocess_images` of one file with `settings` (a `PreprocessConfig`); CLIError naming the file."""
+    from . import preprocess
+
+    try:
+        return preprocess.preprocess_images(path, settings)
+    except ValueError as e:
+        msg = one_line(e)
+        raise CLIError(msg if str(path) in msg else f"{path}: {msg}") from None
+
+
+def inspect_images_or_fail(paths: Sequence[str]) -> None:
+    """Every image file opened (headers only, `preprocess.inspect_image`) before any compute."""
+    from .preprocess import inspect_image
+
     for path in paths:
         try:
-            items.append(preprocess_images(load_image(path), config, **limits))
+            inspect_image(path)
         except ValueError as e:
-            msg = one_line(e)
-            raise CLIError(msg if str(path) in msg else f"{path}: {msg}") from None
-    return items
+            raise CLIError(one_line(e)) from None
+
+
+def check_output(path: str | Path, folder: bool = False) -> Path:
+    """`atomic.check_writable` as a CLIError: the output place is checked before the compute."""
+    from .atomic import check_writable
+
+    try:
+        check_writable(path, folder=folder)
+    except ValueError as e:
+        raise CLIError(one_line(e)) from None
+    return Path(path)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -171,40 +210,53 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # ============================================================================ encode
 def cmd_encode(args: argparse.Namespace) -> int:
-    """Preprocess each image, run the model on it, save `image_i [tokens_i, text_hidden]` per image."""
+    """Preprocess each image, run the model on it, save `image_i [tokens_i, text_hidden]` per image.
+
+    Streamed: one image at a time is preprocessed, encoded and appended to the .npz (written under a
+    temporary name, renamed to exactly `--out` when complete), so memory does not grow with the number
+    of files. The output place and every image's header are checked before the first forward."""
+    import zipfile
+
     from tqdm import tqdm
 
+    from .atomic import add_npy, atomic_file
+
     backend = choose_backend(args.backend, args.simulator)
+    out = check_output(args.out)
     config, weights = load_checkpoint_or_fail(args.weights)
-    items = load_images_or_fail(args.images, config, preprocess_limits(args))
+    settings = preprocess_settings(config, args)
+    inspect_images_or_fail(args.images)
     model = make_model(config, weights, backend)
-    arrays: dict[str, np.ndarray] = {}
+    grids, sizes, lines = [], [], []
     start = time.perf_counter()
-    progress = tqdm(list(zip(args.images, items, strict=True)), desc="images", unit="img", disable=args.quiet)
-    layers = tqdm(total=config.vt_num_hidden_layers, desc="layers", unit="layer", leave=False, disable=args.quiet)
-    for i, (path, item) in enumerate(progress):
-        progress.set_postfix_str(Path(path).name)
-        layers.reset()
-        (embedding,) = model.forward(
-            item.pixel_values, item.grid_thws, as_numpy=True, on_layer=lambda _block: layers.update()
-        )
-        arrays[f"image_{i}"] = np.asarray(embedding, dtype=np.float32)
-    layers.close()
-    seconds = time.perf_counter() - start
-    arrays["grid_thws"] = np.concatenate([item.grid_thws for item in items])
-    arrays["sources"] = np.array([str(p) for p in args.images])
-    arrays["image_sizes"] = np.array([[it.plans[0].width, it.plans[0].height] for it in items], dtype=np.int64)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(out, **arrays)
-    for i, (path, item) in enumerate(zip(args.images, items, strict=True)):
-        plan = item.plans[0]
-        print(
-            f"image_{i}: {path} {plan.width}x{plan.height} -> {plan.new_width}x{plan.new_height} "
-            f"(+pad {plan.pad_width}x{plan.pad_height}) grid {item.grid_thws[0].tolist()} "
-            f"-> {arrays[f'image_{i}'].shape}"
-        )
-    print(f"backend {backend_label(model)}: {len(items)} image(s) in {seconds:.2f} s; wrote {out}")
+    with atomic_file(out) as f, zipfile.ZipFile(f, "w", allowZip64=True) as archive:
+        progress = tqdm(args.images, desc="images", unit="img", disable=args.quiet)
+        layers = tqdm(total=config.vt_num_hidden_layers, desc="layers", unit="layer", leave=False, disable=args.quiet)
+        for i, path in enumerate(progress):
+            progress.set_postfix_str(Path(path).name)
+            item = preprocess_one_or_fail(path, settings)
+            layers.reset()
+            (embedding,) = model.forward(
+                item.pixel_values, item.grid_thws, as_numpy=True, on_layer=lambda _block: layers.update()
+            )
+            embedding = np.asarray(embedding, dtype=np.float32)
+            add_npy(archive, f"image_{i}", embedding)
+            plan = item.plans[0]
+            grids.append(item.grid_thws)
+            sizes.append([plan.width, plan.height])
+            lines.append(
+                f"image_{i}: {path} {plan.width}x{plan.height} -> {plan.new_width}x{plan.new_height} "
+                f"(+pad {plan.pad_width}x{plan.pad_height}) grid {item.grid_thws[0].tolist()} -> {embedding.shape}"
+            )
+            del item, embedding  # the next image is read into the memory these held
+        layers.close()
+        seconds = time.perf_counter() - start
+        add_npy(archive, "grid_thws", np.concatenate(grids))
+        add_npy(archive, "sources", np.array([str(p) for p in args.images]))
+        add_npy(archive, "image_sizes", np.array(sizes, dtype=np.int64))
+    print("\n".join(lines))
+    print(f"backend {backend_label(model)}: {len(lines)} image(s) in {seconds:.2f} s; wrote {out}")
     return 0
 
 
@@ -226,12 +278,19 @@ def cmd_encode_dataset(args: argparse.Namespace) -> int:
             actors=args.actors,
             num_cpus=args.num_cpus,
             progress=not args.quiet,
+            overwrite=args.overwrite,
             **preprocess_limits(args),
         )
     except ImportError as e:
         raise CLIError(one_line(e)) from None
     except (ValueError, KeyError, FileNotFoundError) as e:
         raise CLIError(one_line(e)) from None
+    except OSError:
+        raise  # a full disk: main names the file
+    except Exception as e:  # noqa: BLE001 — Ray reports an actor's failure in hundreds of lines
+        from .dataset import pipeline_failure
+
+        raise CLIError(f"encode-dataset: the Ray pipeline failed: {pipeline_failure(e)}") from None
     print(
         f"{summary.images} images: {summary.encoded} encoded, {summary.errors} unreadable (see {summary.errors_file}); "
         f"shards: {summary.written_shards} written, {summary.skipped_shards} already done"
@@ -259,6 +318,9 @@ grid_thws = {grid}.
 ## Files
 
 - `config.json`: the `vision_config` the values were computed with.
+- `provenance.json`: what made them (digests of the checkpoint's tensors, the config and the inputs;
+  the preprocessing settings) and the sha256 of every file here; `moonvit_kernels.cli.check_golden`
+  checks a folder against it.
 - `inputs.npz`:
   - `pixel_values [L, 3, p, p]` float32, normalised `(x/255 - 0.5)/0.5`; patches in order
     item, frame, patch row, patch column; inside a patch: channel, pixel row, pixel column.
@@ -287,6 +349,27 @@ float64 from the same inputs and weights, the better oracle for judging float32 
 """
 
 
+GOLDEN_FORMAT = "moonvit_kernels golden 1"
+GOLDEN_FILES = ("inputs.npz", "extras.npz", "stages_float32.npz", "stages_float64.npz", "config.json", "README.md")
+
+
+def golden_made_with(
+    weights_path: str | Path, config: Any, pixel_values: np.ndarray, grid_thws: np.ndarray, settings: Any
+) -> dict[str, Any]:
+    """What decides golden values: checkpoint content, config, inputs, preprocessing (`--image` only)."""
+    import dataclasses
+
+    from .provenance import digest_arrays, digest_json
+    from .weights import checkpoint_digest
+
+    return {
+        "checkpoint": checkpoint_digest(weights_path),
+        "config": digest_json(config.to_dict()),
+        "inputs": digest_arrays([np.asarray(pixel_values), np.asarray(grid_thws)]),
+        "preprocess": dataclasses.asdict(settings) if settings is not None else None,
+    }
+
+
 def write_golden(
     out: Path,
     weights_path: str,
@@ -296,17 +379,60 @@ def write_golden(
     grid_thws: np.ndarray,
     float64: bool,
     sources: Sequence[str] | None = None,
+    made_with: dict[str, Any] | None = None,
 ) -> list[Path]:
-    """Write inputs, extras, stages (float32, and float64 if asked), config and README into `out`."""
-    from . import reference
+    """Write inputs, extras, stages (float32, and float64 if asked), config, README and provenance into `out`.
+
+    Every file is first written into a hidden staging folder inside `out`; only when all are complete
+    do they replace the earlier ones, golden files of an earlier run that this one does not write are
+    removed, and `provenance.json` (with each file's sha256) is written last. A failure (a full disk)
+    leaves `out` as it was."""
+    import shutil
+    import tempfile
+
+    from . import provenance, reference
 
     pixel_values, grid_thws = reference.validate_inputs(pixel_values, grid_thws, config, np.float32)
+    if made_with is None:
+        made_with = golden_made_with(weights_path, config, pixel_values, grid_thws, None)
     out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".golden-staging-", dir=out))
+    try:
+        names = _write_golden_files(staging, weights_path, config, weights, pixel_values, grid_thws, float64, sources)
+        files = {name: provenance.file_digest(staging / name) for name in names}
+        (out / provenance.PROVENANCE).unlink(missing_ok=True)  # the folder is unclaimed while files move
+        for name in names:
+            os.replace(staging / name, out / name)
+        for name in GOLDEN_FILES:
+            if name not in files:
+                (out / name).unlink(missing_ok=True)
+        record = {"format": GOLDEN_FORMAT, "made_with": made_with, "weights": str(weights_path), "files": files}
+        written = [out / name for name in names] + [provenance.write(out, record)]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return written
+
+
+def _write_golden_files(
+    out: Path,
+    weights_path: str,
+    config: Any,
+    weights: dict[str, np.ndarray],
+    pixel_values: np.ndarray,
+    grid_thws: np.ndarray,
+    float64: bool,
+    sources: Sequence[str] | None,
+) -> list[str]:
+    """The golden files themselves, written into `out`; returns their names."""
+    from . import reference
+    from .atomic import atomic_file, write_text
+
     written = []
 
     def save(name: str, **arrays: np.ndarray) -> None:
-        np.savez(out / name, **arrays)
-        written.append(out / name)
+        with atomic_file(out / name) as f:
+            np.savez(f, **arrays)
+        written.append(name)
 
     inputs = {"pixel_values": pixel_values, "grid_thws": grid_thws}
     if sources:
@@ -328,8 +454,8 @@ def write_golden(
         )
         M = stages["merged"].shape[0]
         save(f"stages_{dtype}.npz", **stages, **{f"output_{n}": o for n, o in enumerate(outputs)})
-    (out / "config.json").write_text(json.dumps({"vision_config": config.to_dict()}, indent=2) + "\n")
-    written.append(out / "config.json")
+    write_text(out / "config.json", json.dumps({"vision_config": config.to_dict()}, indent=2) + "\n")
+    written.append("config.json")
     rows = "".join(
         f"- `stages_{d}.npz`: every intermediate of `vision_forward` computed in {d} (keys below).\n" for d in dtypes
     )
@@ -351,19 +477,46 @@ def write_golden(
         sources="\n  - `sources [N]` str: the image files." if sources else "",
         stage_rows=rows,
     )
-    (out / "README.md").write_text(readme)
-    written.append(out / "README.md")
+    write_text(out / "README.md", readme)
+    written.append("README.md")
     return written
 
 
+def check_golden(folder: str | Path) -> dict[str, Any]:
+    """The provenance record of a golden folder after checking it: every file it lists is there with
+    its sha256, and no golden file it does not list (a stale one) is. ValueError naming the file."""
+    from . import provenance
+
+    folder = Path(folder)
+    record = provenance.check(folder, GOLDEN_FORMAT, "a golden folder")
+    files = record.get("files", {})
+    for name, digest in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise ValueError(f"{path}: missing (listed in {provenance.PROVENANCE})")
+        if provenance.file_digest(path) != digest:
+            raise ValueError(f"{path}: not the file {provenance.PROVENANCE} lists (another run's, or changed)")
+    for name in GOLDEN_FILES:
+        if name not in files and (folder / name).exists():
+            raise ValueError(f"{folder / name}: not written by the run {provenance.PROVENANCE} describes (stale)")
+    return record
+
+
 def cmd_golden(args: argparse.Namespace) -> int:
-    """Golden inputs + stages for the bundled inputs (default) or preprocessed `--image` files."""
+    """Golden inputs + stages for the bundled inputs (default) or preprocessed `--image` files.
+
+    The output folder is checked (writable; no golden files of another provenance unless
+    `--overwrite`) before the stages are computed."""
+    from . import provenance
+
+    out = check_output(args.out, folder=True)
     config, weights = load_checkpoint_or_fail(args.weights)
-    sources = None
+    sources = settings = None
     if args.image:
         from .preprocess import Preprocessed
 
-        items = load_images_or_fail(args.image, config, preprocess_limits(args))
+        settings = preprocess_settings(config, args)
+        items = load_images_or_fail(args.image, settings)
         packed: Preprocessed = items[0]
         for item in items[1:]:
             packed = packed + item
@@ -374,9 +527,14 @@ def cmd_golden(args: argparse.Namespace) -> int:
                 pixel_values, grid_thws = data["pixel_values"], data["grid_thws"]
         except (OSError, KeyError, ValueError) as e:
             raise CLIError(f"{args.inputs}: cannot read pixel_values and grid_thws ({one_line(e)})") from None
+    made_with = golden_made_with(args.weights, config, pixel_values, grid_thws, settings)
+    try:
+        provenance.claim(out, GOLDEN_FORMAT, made_with, GOLDEN_FILES.__contains__, args.overwrite, "golden files")
+    except ValueError as e:
+        raise CLIError(one_line(e)) from None
     try:
         written = write_golden(
-            Path(args.out), args.weights, config, weights, pixel_values, grid_thws, args.float64, sources
+            out, args.weights, config, weights, pixel_values, grid_thws, args.float64, sources, made_with
         )
     except ValueError as e:
         raise CLIError(f"inputs do not fit checkpoint {args.weights}: {one_line(e)}") from None
@@ -386,9 +544,34 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
 
 # ============================================================================ info
+def tensor_problems(found: dict[str, tuple[str, tuple[int, ...]]], config: Any) -> list[str]:
+    """What keeps vision tensors (name -> (dtype tag, shape), from headers) from loading under `config`,
+    one line each; the layer count first, so that no table is built for an absurd one."""
+    from .weights import READABLE_DTYPES, expected_shapes, layers_present
+
+    problems = []
+    present = layers_present(found)
+    if config.vt_num_hidden_layers > present:
+        problems.append(
+            f"config says vt_num_hidden_layers={config.vt_num_hidden_layers} but the checkpoint holds {present} "
+            "encoder block(s)"
+        )
+        config = config.replace(vt_num_hidden_layers=present)
+    expected = expected_shapes(config)
+    for name, shape in expected.items():
+        if name not in found:
+            problems.append(f"missing {name} {list(shape)}")
+        elif found[name][1] != shape:
+            problems.append(f"{name} has shape {list(found[name][1])}, expected {list(shape)}")
+        elif found[name][0] not in READABLE_DTYPES:
+            problems.append(f"{name} has dtype {found[name][0]}, which cannot be loaded (need F32, F16, BF16 or F64)")
+    problems += [f"unexpected {name}" for name in found if name not in expected]
+    return problems
+
+
 def checkpoint_report(path: str | Path) -> tuple[list[str], bool]:
     """Lines describing a checkpoint from its headers alone, and whether it matches its config."""
-    from .weights import SafetensorsFile, checkpoint_files, expected_shapes, is_vision_key, load_config
+    from .weights import SafetensorsFile, checkpoint_files, is_vision_key, load_config
     from .weights import parameter_count as expected_parameter_count
 
     path = Path(path)
@@ -434,14 +617,12 @@ def checkpoint_report(path: str | Path) -> tuple[list[str], bool]:
             f"parameters the config needs: {counts['total']:,} "
             f"(tower {counts['vision_tower']:,} + projector {counts['mm_projector']:,})"
         )
-        expected = expected_shapes(config)
-        problems = []
-        for name, shape in expected.items():
-            if name not in where or name not in headers[where[name]].entries:
-                problems.append(f"missing {name} {list(shape)}")
-            elif headers[where[name]].shape(name) != shape:
-                problems.append(f"{name} has shape {list(headers[where[name]].shape(name))}, expected {list(shape)}")
-        problems += [f"unexpected {name}" for name in vision if name not in expected]
+        found = {
+            name: (headers[where[name]].dtype(name), headers[where[name]].shape(name))
+            for name in vision
+            if name in headers[where[name]].entries
+        }
+        problems = tensor_problems(found, config)
         ok = not problems
         lines.append("matches its config: yes" if ok else f"matches its config: NO ({len(problems)} problem(s))")
         lines += [f"  {p}" for p in problems[:20]]
@@ -453,7 +634,14 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from .hub import FetchError, fetch
 
     try:
-        manifest = fetch(args.source, args.out, revision=args.revision, progress=not args.quiet)
+        manifest = fetch(
+            args.source,
+            args.out,
+            revision=args.revision,
+            progress=not args.quiet,
+            force=args.force,
+            timeout=args.timeout,
+        )
     except FetchError as e:
         raise CLIError(one_line(e)) from None
     except OSError as e:
@@ -471,14 +659,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def remote_report(source: str) -> tuple[list[str], bool]:
     """`checkpoint_report` for hf:// and http(s):// checkpoints: config, index and the vision shards'
     headers are read (ranged reads), no tensor bytes."""
-    from .config import VisionConfig
-    from .hub import FetchError, open_source, plan
-    from .weights import expected_shapes
+    from .hub import FetchError, open_source, plan, read_config
 
     try:
         src = open_source(source)
-        ranges, header_bytes, total = plan(src)
-        config = VisionConfig.from_dict(json.loads(src.read_text("config.json")))
+        planned = plan(src)
+        ranges, header_bytes, total = planned.ranges, planned.header_bytes, planned.total
+        config = read_config(src)
     except (FetchError, ValueError, KeyError, TypeError) as e:
         raise CLIError(one_line(e) if source in one_line(e) else f"{source}: {one_line(e)}") from None
     revision = f" at {src.revision}" if src.revision else ""
@@ -489,15 +676,7 @@ def remote_report(source: str) -> tuple[list[str], bool]:
     lines += [f"  {t.name}  {t.dtype} {list(t.shape)}  bytes {t.start}..{t.end} of {t.shard}" for t in ranges]
     vision_bytes = sum(t.nbytes for t in ranges)
     lines.append(f"vision bytes: {vision_bytes:,} ({100 * vision_bytes / max(total, 1):.3f}% of the checkpoint)")
-    expected = expected_shapes(config)
-    found = {t.name: t.shape for t in ranges}
-    problems = [f"missing {k} {list(v)}" for k, v in expected.items() if k not in found]
-    problems += [
-        f"{k} has shape {list(found[k])}, expected {list(v)}"
-        for k, v in expected.items()
-        if k in found and found[k] != v
-    ]
-    problems += [f"unexpected {k}" for k in found if k not in expected]
+    problems = tensor_problems({t.name: (t.dtype, t.shape) for t in ranges}, config)
     ok = not problems
     lines.append("matches its config: yes" if ok else f"matches its config: NO ({len(problems)} problem(s))")
     lines += [f"  {p}" for p in problems[:20]]
@@ -515,6 +694,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 # ============================================================================ demo
+def demo_crop_box(width: int, height: int) -> tuple[int, int, int, int]:
+    """The demo's second item: a square of half the photograph's width (at least one pixel), from a
+    quarter of the width and an eighth of the height; PIL box (left, top, right, bottom)."""
+    side = max(1, width // 2)
+    left, top = width // 4, height // 8
+    return left, top, left + side, top + side
+
+
 def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[Path]:
     """The whole pipeline on a photograph and the tiny checkpoint; returns the PNGs written.
 
@@ -529,7 +716,7 @@ def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[
     except ValueError as e:
         raise CLIError(one_line(e)) from None
     w0, h0 = photo.size
-    crop = photo.crop((w0 // 4, h0 // 8, w0 // 4 + w0 // 2, h0 // 8 + w0 // 2))
+    crop = photo.crop(demo_crop_box(w0, h0))
     batch = preprocess_images([photo, crop], config, in_patch_limit=in_patch_limit)
     p = config.patch_size
     (_, h, w), (_, hc, wc) = batch.grid_thws.tolist()
@@ -551,8 +738,8 @@ def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[
         "01_patch_grid.png": plots.patch_grid_overlay(
             padded, p, config.merge_kernel_size, (plan.new_width, plan.new_height)
         ),
-        "02_rope_frequency_maps.png": plots.rope_frequency_maps(h, w, config.head_dim),
-        "03_rope_offset_invariance.png": plots.rope_offset_invariance(config.head_dim),
+        "02_rope_frequency_maps.png": plots.plot_rope_k3_maps(128, (h, w)),  # K3's RoPE: no weights needed
+        "03_rope_offset_invariance.png": plots.plot_rope_offset_map(128),
         "04_merge_index_map.png": plots.merge_index_map(6, 8, config.merge_kernel_size),  # small: numbers readable
         "05_attention_mask.png": plots.attention_mask_picture(batch.grid_thws),
         "06_pca_features.png": plots.pca_overlay(features, (h, w), padded, p),
@@ -562,17 +749,21 @@ def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[
             title=f"projected output, {model.backend_name} float32 vs NumPy float64",
         ),
     }
+    from .atomic import atomic_path
+
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, fig in figures.items():
-        fig.savefig(out / name, dpi=110)
+        with atomic_path(out / name) as tmp:  # the temporary name keeps ".png": savefig's format
+            fig.savefig(tmp, dpi=110)
         written.append(out / name)
     return written
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     backend = choose_backend(args.backend, args.simulator)
-    written = run_demo(Path(args.out), Path(args.image), backend, args.in_patch_limit)
+    out = check_output(args.out, folder=True)
+    written = run_demo(out, Path(args.image), backend, args.in_patch_limit)
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -620,6 +811,9 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--actors", type=int, help="encoder actors (default: one per GPU, or 1 on CPUs)")
     ds.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (ignored with RAY_ADDRESS)")
     ds.add_argument("--quiet", action="store_true", help="no progress bar")
+    ds.add_argument(
+        "--overwrite", action="store_true", help="replace shards in --out made with another checkpoint or settings"
+    )
     limits(ds)
     ds.set_defaults(func=cmd_encode_dataset)
 
@@ -631,12 +825,19 @@ def build_parser() -> argparse.ArgumentParser:
     simulator_flag(demo)
     demo.set_defaults(func=cmd_demo)
 
+    rope = sub.add_parser("rope", help="K3's 2D RoPE as PNG maps (and --html: one interactive page); no weights")
+    rope_command.add_arguments(rope)
+    rope.set_defaults(func=rope_command.run)
+
     gold = sub.add_parser("golden", help="inputs and every intermediate stage as .npz, for porters")
     gold.add_argument("--weights", default=str(TINY_DIR), help="checkpoint directory (default: bundled tiny)")
     gold.add_argument("--out", required=True, help="output folder")
     gold.add_argument("--image", nargs="+", help="image files to preprocess (default: the bundled inputs.npz)")
     gold.add_argument("--inputs", default=str(TINY_DIR / "inputs.npz"), help=".npz with pixel_values, grid_thws")
     gold.add_argument("--float64", action="store_true", help="also write the stages computed in float64")
+    gold.add_argument(
+        "--overwrite", action="store_true", help="replace golden files made from other weights, config or inputs"
+    )
     limits(gold)
     gold.set_defaults(func=cmd_golden)
 
@@ -648,6 +849,10 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("source", help="hf://ORG/REPO[@REVISION], an http(s):// checkpoint folder URL, or a folder")
     fetch.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, manifest.json)")
     fetch.add_argument("--revision", help="branch, tag or commit (hf:// only; default main)")
+    fetch.add_argument("--force", action="store_true", help="replace a checkpoint in --out that fetch did not write")
+    fetch.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds an http(s) request may go without data (default 60)"
+    )
     fetch.add_argument("--quiet", action="store_true", help="no progress bar")
     fetch.set_defaults(func=cmd_fetch)
     return parser
@@ -661,7 +866,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (ValueError, KeyError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk, a folder that cannot be written: named by the atomic writers
+        reason = e.strerror or one_line(e)
+        named = e.filename is None or str(e.filename) in reason
+        print(f"error: {one_line(reason if named else f'{e.filename}: {reason}')}", file=sys.stderr)
         return 2
 
 

@@ -24,6 +24,39 @@ FP32_EPS = 1.1920929e-07
 ROPE_MAX_SIDE = 512
 ROPE_THETA = 10000.0
 
+# No tensor bounds the frame count of a chunk, and every forward builds a sin/cos table
+# [init_pos_emb_time, D]: a sane limit keeps a typo from allocating gigabytes (K3: 4).
+MAX_POS_EMB_TIME = 1024
+
+# The keys a checkpoint's config.json must state (the released K3 config states them all);
+# `vit_norm_eps` is not among them: the reference source hard-codes it.
+REQUIRED_IN_FILES = (
+    "patch_size",
+    "init_pos_emb_height",
+    "init_pos_emb_width",
+    "init_pos_emb_time",
+    "pos_emb_type",
+    "pos_emb_interpolation_mode",
+    "vt_hidden_size",
+    "vt_num_attention_heads",
+    "qkv_hidden_size",
+    "vt_intermediate_size",
+    "vt_num_hidden_layers",
+    "norm_type",
+    "attn_bias",
+    "linear_bias",
+    "patch_embed_proj_bias",
+    "mlp_type",
+    "activation_func",
+    "merge_kernel_size",
+    "merge_type",
+    "mm_projector_type",
+    "mm_hidden_size",
+    "projector_hidden_act",
+    "projector_ln_eps",
+    "text_hidden_size",
+)
+
 SUPPORTED = {
     "norm_type": ("rmsnorm",),
     "merge_type": ("sd2_tpool",),
@@ -131,6 +164,11 @@ class VisionConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        if self.init_pos_emb_time > MAX_POS_EMB_TIME:
+            raise ValueError(
+                f"init_pos_emb_time={self.init_pos_emb_time} frames per chunk: at most {MAX_POS_EMB_TIME} "
+                f"(K3 uses 4; every forward builds a [init_pos_emb_time, D] table)"
+            )
         layers = self.vt_num_hidden_layers
         if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
             raise ValueError(f"vt_num_hidden_layers must be an integer >= 0, got {self.vt_num_hidden_layers!r}")
@@ -158,10 +196,11 @@ class VisionConfig:
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> VisionConfig:
+    def from_dict(cls, d: dict[str, Any], require: tuple[str, ...] = ()) -> VisionConfig:
         """Build from a `vision_config` dict or a whole `config.json` dict holding one.
 
-        Unknown keys are ignored (HF configs carry many); inconsistent values raise ValueError.
+        Unknown keys are ignored (HF configs carry many); inconsistent values raise ValueError;
+        keys missing from `require` too (named), others take K3's values.
         """
         if not isinstance(d, dict):
             raise ValueError(f"expected a dict, got {type(d).__name__}")
@@ -172,17 +211,36 @@ class VisionConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         if not names & d.keys():
             raise ValueError("dict holds no vision_config keys (expected e.g. 'vt_hidden_size', 'patch_size')")
+        missing = [k for k in require if k not in d]
+        if missing:
+            raise ValueError(
+                f"vision_config lacks {', '.join(missing)}: a checkpoint's config must state its sizes "
+                "(K3's values are not assumed)"
+            )
         return cls(**{k: v for k, v in d.items() if k in names})
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> VisionConfig:
-        """Read `config.json` (whole model config or a bare vision_config)."""
-        with open(path, encoding="utf-8") as f:
-            try:
+        """Read a checkpoint's `config.json` (whole model config or a bare vision_config); every key of
+        `REQUIRED_IN_FILES` must be there. ValueError naming the file otherwise."""
+        if os.path.isdir(path):
+            raise ValueError(f"{path}: is a folder, not a config.json file")
+        try:
+            with open(path, encoding="utf-8") as f:
                 data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_dict(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        except OSError as e:
+            raise ValueError(f"{path}: cannot read ({e.strerror or e})") from None
+        return cls.from_file_data(data, str(path))
+
+    @classmethod
+    def from_file_data(cls, data: Any, label: str) -> VisionConfig:
+        """`from_dict` for a parsed config file (every `REQUIRED_IN_FILES` key stated), errors prefixed by `label`."""
+        try:
+            return cls.from_dict(data, require=REQUIRED_IN_FILES)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{label}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a JSON-ready `vision_config` dict."""

@@ -4,8 +4,13 @@
 
 Pipeline (Ray Data, streamed):
 
+    check (driver)     the checkpoint's headers against its config (shapes, dtypes, layers), and DST's
+                       `provenance.json` (checkpoint content digest, config digest, preprocessing
+                       settings, rows_per_shard): a DST made with another provenance is refused, or
+                       with `overwrite` its shards are removed first
     plan (driver)      list the sources in a fixed order, cut them into shards of `rows_per_shard`;
-                       shards already in DST (same image ids, same settings) are skipped
+                       shards already in DST (same image ids, same provenance) are skipped, shards
+                       numbered past the plan (a longer earlier SRC) removed
     decode (CPU tasks) read + `preprocess.preprocess_images` one image -> float32 patches, grid (1, h, w);
                        an unreadable image becomes an error row, never an exception
     encode (actors)    one `MoonViT` per actor, weights loaded once in the actor; each call packs many
@@ -17,10 +22,11 @@ Pipeline (Ray Data, streamed):
                        absent) with its bad images in `shard-NNNNN.errors.jsonl`
 
 At the end `errors.jsonl` (every bad image with the reason) and `manifest.json` (settings, shards,
-counts, throughput) are written. Ray runs locally by default (`ray.init`), or joins the cluster named
-by `RAY_ADDRESS`; on a cluster `moonvit_kernels` must be installed on every node and the weights
-readable from every node (shared storage, or `hf://ORG/REPO`: each node then fetches the vision
-tensors once into its cache); DST is written by the driver.
+counts, throughput) are written, atomically, like every shard. `read_embeddings(DST)` checks every
+shard against `provenance.json` before returning anything. Ray runs locally by default (`ray.init`),
+or joins the cluster named by `RAY_ADDRESS`; on a cluster `moonvit_kernels` must be installed on every
+node and the weights readable from every node (shared storage, or `hf://ORG/REPO`: each node then
+fetches the vision tensors once into its cache); DST is written by the driver.
 
 Shard schema (one row per good image): `id` string, `path` string, `width`/`height` int32 (original
 size), `grid_thws` fixed_size_list<int64, 3>, `num_tokens` int32, `embedding`
@@ -35,6 +41,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .atomic import atomic_path, write_text
 
 SHARD_PREFIX = "shard-"
 MANIFEST = "manifest.json"
@@ -157,6 +166,7 @@ class Shard:
     start: int
     stop: int
     key: str
+    provenance: str = ""
 
     @property
     def name(self) -> str:
@@ -164,7 +174,8 @@ class Shard:
 
 
 def plan_shards(sources: list[Source], rows_per_shard: int, settings_key: str) -> list[Shard]:
-    """Consecutive shards of `rows_per_shard` sources; each keyed by sha256(settings, its ids)."""
+    """Consecutive shards of `rows_per_shard` sources; each keyed by sha256(settings, its ids), and
+    carrying `settings_key` (the provenance digest) as `provenance`."""
     if rows_per_shard < 1:
         raise ValueError(f"rows_per_shard must be >= 1, got {rows_per_shard}")
     shards = []
@@ -173,7 +184,7 @@ def plan_shards(sources: list[Source], rows_per_shard: int, settings_key: str) -
         h = hashlib.sha256(settings_key.encode())
         for s in sources[start:stop]:
             h.update(b"\0" + s.id.encode())
-        shards.append(Shard(number, start, stop, h.hexdigest()))
+        shards.append(Shard(number, start, stop, h.hexdigest(), settings_key))
     return shards
 
 
@@ -191,24 +202,50 @@ def shard_is_done(out: Path, shard: Shard) -> bool:
         return False
 
 
-def settings_fingerprint(settings: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-
-
 def is_remote(weights: str | os.PathLike) -> bool:
     """True for checkpoints `weights.load_checkpoint` fetches: hf://ORG/REPO[@REV], http(s)://."""
     return str(weights).startswith(("hf://", "http://", "https://"))
 
 
-def weights_identity(weights: str | os.PathLike) -> dict[str, Any]:
-    """The checkpoint's resolved path and its .safetensors/.json files' names and sizes (cheap; tells a
-    changed checkpoint from the one earlier shards were made with)."""
-    if is_remote(weights):
-        return {"path": str(weights)}
-    path = Path(weights).resolve()
-    folder = path if path.is_dir() else path.parent
-    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".json")) if folder.is_dir() else []
-    return {"path": str(path), "files": {p.name: p.stat().st_size for p in files}}
+def made_with(weights_folder: str | os.PathLike, config: Any, settings: Any, rows_per_shard: int) -> dict[str, Any]:
+    """What decides DST's contents (its provenance): the checkpoint's content digest, the config's digest,
+    the preprocessing settings (a `PreprocessConfig`) and the shard size."""
+    import dataclasses
+
+    from .provenance import digest_json
+    from .weights import checkpoint_digest
+
+    return {
+        "checkpoint": checkpoint_digest(weights_folder),
+        "config": digest_json(config.to_dict()),
+        "preprocess": dataclasses.asdict(settings),
+        "rows_per_shard": rows_per_shard,
+    }
+
+
+def is_output_file(name: str) -> bool:
+    """The files encode-dataset writes in DST (besides provenance.json)."""
+    shard = name.startswith(SHARD_PREFIX) and name.endswith((".parquet", ".errors.jsonl"))
+    return shard or name in (MANIFEST, ERRORS)
+
+
+def claim_output(out: Path, provenance_made_with: dict[str, Any], overwrite: bool) -> None:
+    """Make DST ours for this provenance: refuse one made otherwise (ValueError naming what differs),
+    or with `overwrite` remove its files; then write `provenance.json`."""
+    from . import provenance
+
+    for path in provenance.claim(out, FORMAT, provenance_made_with, is_output_file, overwrite, "shards"):
+        path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    provenance.write(out, {"format": FORMAT, "made_with": provenance_made_with})
+
+
+def remove_shards_past(out: Path, count: int) -> None:
+    """Remove shard files numbered `count` or more (an earlier, longer SRC's), so DST holds this SRC only."""
+    for path in out.glob(f"{SHARD_PREFIX}*"):
+        number = path.name.removeprefix(SHARD_PREFIX).split(".")[0]
+        if number.isdigit() and int(number) >= count and is_output_file(path.name):
+            path.unlink()
 
 
 # ============================================================================ decode (CPU tasks)
@@ -222,17 +259,7 @@ def decode_row(row: dict[str, Any], settings: Any) -> dict[str, Any]:
     out.update(width=0, height=0, t=0, h=0, w=0, pixels=b"", error="")
     try:
         data = row["data"]
-        if data:
-            import io
-
-            from PIL import Image
-
-            with Image.open(io.BytesIO(data)) as opened:
-                opened.load()
-                image = opened.copy()
-        else:
-            image = row["path"]
-        item = preprocess_images(image, settings)
+        item = preprocess_images(bytes(data) if data else row["path"], settings)
     except Exception as e:  # noqa: BLE001 — a bad image is recorded, never raised
         out["error"] = f"{type(e).__name__}: {' '.join(str(e).split())}"
         return out
@@ -243,6 +270,14 @@ def decode_row(row: dict[str, Any], settings: Any) -> dict[str, Any]:
 
 
 # ============================================================================ encode (actors)
+def pipeline_failure(error: BaseException) -> str:
+    """The root cause of a Ray pipeline failure in one line: the last `SomethingError: message` line
+    of Ray's (often hundreds of lines long) report, else its first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    causes = [line for line in lines if re.match(r"^[\w.]*(Error|Exception): ", line)]
+    return causes[-1] if causes else (lines[0] if lines else type(error).__name__)
+
+
 def pack(token_counts: list[int], budget: int) -> list[list[int]]:
     """Greedy packing in order: consecutive indices whose token counts sum to at most `budget`
     (an item larger than the budget goes alone)."""
@@ -349,22 +384,24 @@ def shard_table(rows: list[dict[str, Any]], text_hidden: int, metadata: dict[str
 
 
 def write_shard(out: Path, shard: Shard, rows: list[dict[str, Any]], text_hidden: int) -> dict[str, Any]:
-    """Write the shard's errors file, then its Parquet file under a temporary name renamed into place."""
+    """Write the shard's errors file, then its Parquet file (each under a temporary name renamed into place)."""
     import pyarrow.parquet as pq
 
     rows = sorted(rows, key=lambda r: int(r["index"]))
     good = [r for r in rows if not r["error"]]
     bad = [r for r in rows if r["error"]]
-    errors_path = out / f"{shard.name}.errors.jsonl"
-    tmp = errors_path.with_suffix(".tmp")
-    tmp.write_text("".join(_error_line(r, shard) for r in bad))
-    os.replace(tmp, errors_path)
-    metadata = {"shard": shard.number, "key": shard.key, "rows": len(good), "errors": len(bad)}
+    write_text(out / f"{shard.name}.errors.jsonl", "".join(_error_line(r, shard) for r in bad))
+    metadata = {
+        "shard": shard.number,
+        "key": shard.key,
+        "provenance": shard.provenance,
+        "rows": len(good),
+        "errors": len(bad),
+    }
     table = shard_table(good, text_hidden, metadata)
     final = out / f"{shard.name}.parquet"
-    tmp = final.with_suffix(".parquet.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, final)
+    with atomic_path(final) as tmp:
+        pq.write_table(table, tmp)
     return {
         "file": final.name,
         "rows": len(good),
@@ -381,11 +418,22 @@ def _error_line(row: dict[str, Any], shard: Shard) -> str:
 
 
 def read_embeddings(out: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every embedding in DST's shards: id -> `[num_tokens, text_hidden]` array (dtype as written)."""
+    """Every embedding in DST's shards: id -> `[num_tokens, text_hidden]` array (dtype as written).
+    ValueError when DST has no `provenance.json`, or a shard was made with another provenance."""
     import pyarrow.parquet as pq
 
+    from . import provenance
+
+    record = provenance.check(out, FORMAT, "an encode-dataset output")
+    expected = provenance.digest_json(record["made_with"])
     result = {}
     for path in sorted(Path(out).glob(f"{SHARD_PREFIX}*.parquet")):
+        try:
+            meta = json.loads((pq.read_schema(path).metadata or {}).get(METADATA_KEY, b"{}"))
+        except Exception as e:  # noqa: BLE001 — pyarrow's errors for a file that is not Parquet
+            raise ValueError(f"{path}: not a readable shard ({type(e).__name__}: {e})") from None
+        if meta.get("provenance") != expected:
+            raise ValueError(f"{path}: made with other settings than {Path(out) / provenance.PROVENANCE} describes")
         table = pq.read_table(path, columns=["id", "embedding"])
         column = table["embedding"].combine_chunks()
         width = column.type.value_type.list_size
@@ -430,15 +478,20 @@ def encode_dataset(
     in_patch_limit: int | None = None,
     patch_limit_on_one_side: int | None = None,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> Summary:
     """Encode every image of `src` into Parquet shards under `out` (see the module docstring).
 
     `actors`: encoder actors (default: one per GPU, or 1 CPU actor without GPUs); `num_cpus`: CPUs of
-    the local Ray started when none is running and `RAY_ADDRESS` is unset (default: all)."""
+    the local Ray started when none is running and `RAY_ADDRESS` is unset (default: all); `overwrite`:
+    replace the shards of a DST made with another provenance instead of refusing it."""
     from tqdm import tqdm
 
+    from .atomic import check_writable
     from .model import BACKENDS
-    from .weights import load_config
+    from .preprocess import resolve_settings
+    from .provenance import digest_json
+    from .weights import check_headers, load_config
 
     ray = require_ray()
     if backend != "auto" and backend not in BACKENDS:
@@ -449,18 +502,24 @@ def encode_dataset(
         raise ValueError(f"actors must be >= 1, got {actors}")
     weights = str(weights)
     if is_remote(weights):  # hf:// or http(s)://: the vision tensors are fetched once into this node's cache
-        from .weights import load_checkpoint
+        from .hub import fetch_cached
 
-        config, _ = load_checkpoint(weights)
+        folder: str | Path = fetch_cached(weights)
     else:
-        config = load_config(weights)
+        folder = weights
+    config = load_config(folder)
+    check_headers(folder, config)  # a mis-shaped checkpoint fails here, not in every actor
     limits = {"in_patch_limit": in_patch_limit, "patch_limit_on_one_side": patch_limit_on_one_side}
     limits = {k: v for k, v in limits.items() if v is not None}
+    preprocess_settings = resolve_settings(config, **limits)
     sources = list_sources(src)
-    settings = {"weights": weights_identity(weights), "limits": limits, "rows_per_shard": rows_per_shard}
-    shards = plan_shards(sources, rows_per_shard, settings_fingerprint(settings))
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_writable(out, folder=True)
+    made = made_with(folder, config, preprocess_settings, rows_per_shard)
+    settings = {"weights": weights, "limits": limits, "rows_per_shard": rows_per_shard}
+    shards = plan_shards(sources, rows_per_shard, digest_json(made))
+    claim_output(out, made, overwrite)
+    remove_shards_past(out, len(shards))
     pending = [s for s in shards if not shard_is_done(out, s)]
 
     started_ray = bool(pending) and not ray.is_initialized()  # nothing to do: no Ray at all
@@ -479,7 +538,7 @@ def encode_dataset(
             ray.shutdown()
     seconds = time.perf_counter() - start
     run = {"backend": backend, "backends_used": backends, "batch_tokens": batch_tokens, "seconds": seconds}
-    return _finish(src, out, shards, written, settings, config, run, len(sources))
+    return _finish(src, out, shards, written, settings, config, run, len(sources), made)
 
 
 def _run_pipeline(
@@ -570,8 +629,9 @@ def _finish(
     config: Any,
     run: dict[str, Any],
     images: int,
+    provenance_made_with: dict[str, Any],
 ) -> Summary:
-    """Merge the shards' errors into errors.jsonl and write manifest.json."""
+    """Merge the shards' errors into errors.jsonl and write manifest.json (both atomically)."""
     import pyarrow.parquet as pq
 
     seconds = run["seconds"]
@@ -593,7 +653,7 @@ def _finish(
             }
         )
     errors_file = out / ERRORS
-    errors_file.write_text("".join(error_lines))
+    write_text(errors_file, "".join(error_lines))
     encoded = sum(e["rows"] for e in entries)
     errors = sum(e["errors"] for e in entries)
     run_images = sum(w["rows"] + w["errors"] for w in written.values())
@@ -602,6 +662,7 @@ def _finish(
         "format": FORMAT,
         "source": str(src),
         "settings": settings,
+        "made_with": provenance_made_with,
         "vision_config": config.to_dict(),
         "backend": run["backend"],
         "backends_used_this_run": run["backends_used"],
@@ -622,7 +683,7 @@ def _finish(
         },
     }
     manifest_path = out / MANIFEST
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    write_text(manifest_path, json.dumps(manifest, indent=2) + "\n")
     return Summary(
         images=images,
         encoded=encoded,

@@ -11,7 +11,8 @@ Where they go depends on where the backend computes:
                                                           (`numba.cuda.as_cuda_array`)
     cupy                          uploaded by the backend CuPy array, zero-copy (`cupy.from_dlpack`)
 
-`grid_thws` is a few integers and always goes to the host as int64.
+`grid_thws` is a few integers and always goes to the host as int64. Weights (a state dict) may be
+torch, CuPy or DLPack tensors too: they are taken to the host as NumPy once, when the model is built.
 
 torch specifics: tensors that require grad are detached; `bfloat16` pixels (NumPy has no such
 dtype) become float32 on their own device; non-contiguous CUDA tensors are made contiguous on
@@ -29,6 +30,7 @@ synchronised before `forward` returns (the outputs are complete before torch tou
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -118,6 +120,20 @@ def to_host(x: Any, name: str) -> Any:
             f"{name} is in CUDA memory ({type(x).__name__}) and could not be copied to the host: "
             f"{type(e).__name__}: {e}"
         ) from None
+
+
+def weights_to_host(weights: Any) -> Any:
+    """A state dict whose vision tensors (torch — bfloat16 as float32 —, CuPy, DLPack) are NumPy
+    arrays, for `weights.check_weights` and the backends; other entries (a text decoder) are left
+    alone, not copied. A non-mapping is returned unchanged for the checks to name."""
+    from .weights import is_vision_key
+
+    if not isinstance(weights, Mapping):
+        return weights
+    return {
+        k: to_host(v, f"weight {k!r}") if is_vision_key(k) and not isinstance(v, np.ndarray) else v
+        for k, v in weights.items()
+    }
 
 
 def _cupy_from(x: Any) -> Any:

@@ -79,7 +79,8 @@ class NumpyBackend:
 class MoonViT:
     """The K3 vision tower + projector; weights in checkpoint names, uploaded once by device backends."""
 
-    def __init__(self, config: VisionConfig, weights: Mapping[str, np.ndarray], backend: str = "auto", **options: Any):
+    def __init__(self, config: VisionConfig, weights: Mapping[str, Any], backend: str = "auto", **options: Any):
+        weights = interop.weights_to_host(weights)  # a torch state dict is welcome; checked as NumPy
         check_weights(weights, config)
         self.config = config
         self.backend_name = resolve_backend(backend)

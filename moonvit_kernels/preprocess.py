@@ -2,7 +2,8 @@
 
 Pipeline for one image (each step is one function below):
 
-1. `load_image`      path / PIL image / uint8 array `[H, W, 3|4]` (NumPy, or CuPy / torch via DLPack)
+1. `load_image`      path / file bytes / PIL image / uint8 array `[H, W, 3|4]` (NumPy, or CuPy / torch
+                     via DLPack); refused: several frames, float pixels, 16/32-bit values beyond 255
 2. `resize_plan`     shrink only: `scale = min(1, sqrt(in_patch_limit / (max(1, W//p)·max(1, H//p))),
                      limit·p / W, limit·p / H)`, new side `max(1, int(side·scale))`; then zero padding
                      right and bottom up to a multiple of `p·merge` (28 for K3)
@@ -21,20 +22,27 @@ Videos: frames are sampled evenly (`num_frames`) and grouped into chunks of at m
 All frames of a video must share one size and are resized with one plan.
 
 Accepted pixels are uint8 only: a float array is ambiguous (0..1 or 0..255?) and is rejected with
-a ValueError, as are arrays that are not `[H, W, 3]` / `[H, W, 4]`. Outputs are always NumPy.
+a ValueError, as are arrays that are not `[H, W, 3]` / `[H, W, 4]`; so are float image files (PIL
+mode F) and 16/32-bit integer files (I;16, I) holding values above 255, which the K3 processor's
+`convert("RGB")` would clip to white (within 0..255 they read exactly). A file with several frames
+(animated GIF, multi-page TIFF) is refused: `load_frames(path)` gives them to `preprocess_video`.
+Outputs are always NumPy.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageSequence, UnidentifiedImageError
 
 from .config import VisionConfig
 
@@ -132,26 +140,116 @@ def array_to_image(array: Any) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(a))  # uint8 [H, W, 3] -> "RGB", [H, W, 4] -> "RGBA"
 
 
-def load_image(source: Any) -> Image.Image:
-    """A PIL image from a path, a PIL image or a uint8 array; ValueError naming the file when
-    it cannot be read as an image."""
-    if isinstance(source, Image.Image):
-        image = source
-    elif isinstance(source, (str, os.PathLike)):
+# PIL modes of integer pixels wider than 8 bits, and their widths
+WIDE_INTEGER_MODES = {"I;16": 16, "I;16L": 16, "I;16B": 16, "I;16N": 16, "I": 32}
+
+
+@contextlib.contextmanager
+def open_image_file(source: str | os.PathLike | bytes) -> Iterator[Image.Image]:
+    """`PIL.Image.open` of a path (or encoded bytes) with what can be told from the header checked:
+    the file exists and is an image, not a decompression bomb, one frame, not float pixels.
+    ValueError naming the file otherwise. Pixels are not decoded."""
+    label = "image bytes" if isinstance(source, bytes) else str(source)
+    if not isinstance(source, bytes):
         path = Path(source)
+        if path.is_dir():
+            raise ValueError(f"{path}: is a folder, not an image file")
         if not path.is_file():
             raise ValueError(f"{path}: no such image file")
+    try:
+        opened = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"{label}: {_bomb_reason(e)}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        raise ValueError(f"{label}: cannot read as an image ({type(e).__name__}: {e})") from None
+    with opened:
+        check_image(opened, label, pixels=False)
+        yield opened
+
+
+def _bomb_reason(error: Exception) -> str:
+    found = re.search(r"\((\d+) pixels\)", str(error))
+    pixels = f"{int(found.group(1))} pixels" if found else "too many pixels"
+    return (
+        f"{pixels}: PIL refuses it as a possible decompression bomb (limit 2 x Image.MAX_IMAGE_PIXELS = "
+        f"{2 * (Image.MAX_IMAGE_PIXELS or 0)}); raise PIL.Image.MAX_IMAGE_PIXELS if the file is trusted"
+    )
+
+
+def check_image(image: Image.Image, label: str, pixels: bool = True) -> None:
+    """ValueError naming `label` for what the K3 processor would read wrong: several frames (an
+    animation, a multi-page file: which one?), float pixels (0..1 or 0..255?), and (with `pixels`,
+    which decodes them) 16/32-bit integers beyond 255, which its `convert("RGB")` clips to white."""
+    frames = getattr(image, "n_frames", 1)
+    if frames > 1:
+        raise ValueError(
+            f"{label}: holds {frames} frames (an animation or a multi-page file): pass the frames as a "
+            "video, preprocess_video(load_frames(path)), or save the one frame wanted"
+        )
+    if image.mode.startswith("F"):
+        raise ValueError(
+            f"{label}: float pixels (PIL mode {image.mode}) are ambiguous (0..1 or 0..255?): save 8-bit pixels"
+        )
+    bits = WIDE_INTEGER_MODES.get(image.mode)
+    if bits and pixels:
+        low, high = image.getextrema()
+        if low < 0 or high > 255:
+            raise ValueError(
+                f"{label}: {bits}-bit pixels (PIL mode {image.mode}) up to {high}: the K3 processor's "
+                "convert('RGB') clips them at 255 (bright areas turn white); scale them to 8 bits first, e.g. "
+                "Image.fromarray((np.asarray(im) >> 8).astype(np.uint8)) for 16-bit data"
+            )
+
+
+def inspect_image(source: str | os.PathLike) -> tuple[int, int]:
+    """(width, height) of an image file, read from its header alone, after `open_image_file`'s checks:
+    a cheap pass over many files before any of them is decoded."""
+    with open_image_file(source) as opened:
+        return opened.size
+
+
+def load_image(source: Any) -> Image.Image:
+    """A PIL image from a path, encoded file bytes, a PIL image or a uint8 array; ValueError naming
+    the file when it cannot be read as an image, or would be read wrong (`check_image`)."""
+    if isinstance(source, Image.Image):
+        image = source
+        check_image(image, "image")
+    elif isinstance(source, (str, os.PathLike, bytes)):
+        label = "image bytes" if isinstance(source, bytes) else str(source)
         try:
-            with Image.open(path) as opened:
+            with open_image_file(source) as opened:
                 opened.load()
                 image = opened.copy()
-        except (UnidentifiedImageError, OSError, SyntaxError) as e:
-            raise ValueError(f"{path}: cannot read as an image ({type(e).__name__}: {e})") from None
+        except (OSError, SyntaxError) as e:
+            raise ValueError(f"{label}: cannot read as an image ({type(e).__name__}: {e})") from None
+        check_image(image, label)
     else:
         image = array_to_image(source)
     if image.width == 0 or image.height == 0:
         raise ValueError(f"image has size {image.width}x{image.height}")
     return image
+
+
+def load_frames(source: str | os.PathLike) -> list[Image.Image]:
+    """Every frame of an animated or multi-page image file (GIF, APNG, WebP, TIFF), in order, for
+    `preprocess_video`: taking a file's frames as a video is asked for explicitly, never implied."""
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such image file")
+    try:
+        with Image.open(path) as opened:
+            frames = []
+            for frame in ImageSequence.Iterator(opened):
+                frame.load()
+                frames.append(frame.copy())
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"{path}: {_bomb_reason(e)}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        raise ValueError(f"{path}: cannot read as an image ({type(e).__name__}: {e})") from None
+    for i, frame in enumerate(frames):
+        if frame.mode.startswith("F") or frame.mode in WIDE_INTEGER_MODES:
+            check_image(frame, f"{path} frame {i}")
+    return frames
 
 
 def has_alpha(image: Image.Image) -> bool:

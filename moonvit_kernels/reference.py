@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 from scipy.special import erf
-from threadpoolctl import threadpool_limits
 
+from . import packing
 from .config import ROPE_MAX_SIDE, ROPE_THETA, VisionConfig
 from .weights import check_weights
 
@@ -126,9 +126,8 @@ def validate_grid_thws(grid_thws: Any, config: VisionConfig) -> np.ndarray:
 
 
 def cu_seqlens(grid_thws: np.ndarray) -> np.ndarray:
-    """Cumulative token offsets `[0, t0*h0*w0, ...]` (int64, length N + 1) of packed items."""
-    sizes = np.prod(np.asarray(grid_thws, dtype=np.int64), axis=1)
-    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    """Cumulative token offsets `[0, t0*h0*w0, ...]` (int64, length N + 1) of packed items (`packing.cu_seqlens`)."""
+    return packing.cu_seqlens(grid_thws).astype(np.int64)
 
 
 # ============================================================================ 1. patch embedding
@@ -376,9 +375,21 @@ def attention(
         # Blocks write disjoint parts of out/lse; NumPy releases the GIL inside them, so the
         # softmax work (single-threaded in NumPy) spreads over the CPU cores. One BLAS thread per
         # block: the blocks already fill the cores, and nested BLAS threads would fight them.
-        with threadpool_limits(1, user_api="blas"):
+        with _one_blas_thread():
             list(_pool().map(attend, blocks))
     return (out, lse) if return_lse else out
+
+
+def _one_blas_thread() -> Any:
+    """BLAS limited to one thread (threadpoolctl) where threadpoolctl is installed; else a no-op (CUDA
+    images ship without it: the reference must import there, only its CPU speed is at stake)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        import contextlib
+
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
 
 
 # ============================================================================ 3d. encoder

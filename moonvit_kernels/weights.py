@@ -11,9 +11,13 @@ sharded index handling, shape/dtype/NaN checks, and error messages that name the
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
-from collections.abc import Mapping
+import re
+import struct
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +26,14 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from .atomic import atomic_path, write_text
 from .config import VisionConfig
 
 VISION_PREFIXES = ("vision_tower.", "mm_projector.")
 INDEX_NAME = "model.safetensors.index.json"
 
 # safetensors dtype tags this loader turns into float32, with their byte widths
-_READABLE = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+READABLE_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 _SAVE_DTYPES = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
@@ -61,11 +66,35 @@ def expected_shapes(config: VisionConfig) -> dict[str, tuple[int, ...]]:
 
 
 def parameter_count(config: VisionConfig) -> dict[str, int]:
-    """Parameters of the tower, the projector and both together."""
-    shapes = expected_shapes(config)
-    tower = sum(int(np.prod(s)) for k, s in shapes.items() if k.startswith("vision_tower."))
-    proj = sum(int(np.prod(s)) for k, s in shapes.items() if k.startswith("mm_projector."))
+    """Parameters of the tower, the projector and both together (the sizes of `expected_shapes`,
+    counted without building its table, so any layer count is cheap)."""
+    D, Q, I = config.vt_hidden_size, config.qkv_hidden_size, config.vt_intermediate_size
+    p, K, T = config.patch_size, config.merged_hidden_size, config.text_hidden_size
+    block = D + 3 * Q * D + D * Q + D + I * D + D * I
+    embed = D * 3 * p * p + config.init_pos_emb_height * config.init_pos_emb_width * D
+    tower = embed + config.vt_num_hidden_layers * block + D
+    proj = K * K + T * K + T
     return {"vision_tower": tower, "mm_projector": proj, "total": tower + proj}
+
+
+_BLOCK = re.compile(r"^vision_tower\.encoder\.blocks\.(\d+)\.")
+
+
+def layers_present(names: Iterable[str]) -> int:
+    """Encoder blocks a set of tensor names holds: 1 + the highest block index (0 without blocks)."""
+    indices = [int(m.group(1)) for m in map(_BLOCK.match, names) if m]
+    return max(indices) + 1 if indices else 0
+
+
+def check_layer_count(names: Iterable[str], config: VisionConfig, holder: str = "the checkpoint holds") -> None:
+    """ValueError when the config asks for more encoder blocks than the tensors hold — checked before
+    anything is built per layer, so a typo like 10**9 layers fails at once instead of filling memory."""
+    present = layers_present(names)
+    if config.vt_num_hidden_layers > present:
+        raise ValueError(
+            f"config says vt_num_hidden_layers={config.vt_num_hidden_layers} but {holder} {present} encoder "
+            f"block(s) (blocks.0 .. blocks.{present - 1})"
+        )
 
 
 def is_vision_key(name: str) -> bool:
@@ -73,11 +102,12 @@ def is_vision_key(name: str) -> bool:
     return name.startswith(VISION_PREFIXES)
 
 
-def check_weights(weights: Mapping[str, Any], config: VisionConfig) -> None:
-    """Raise if a tensor is missing (KeyError), mis-shaped, not floating, or an unexpected
-    vision tensor is present (ValueError) — each message names the key and the shapes."""
+def check_weights(weights: Mapping[str, Any], config: VisionConfig, finite: bool = True) -> None:
+    """Raise if a tensor is missing (KeyError), mis-shaped, not floating, holds NaN or Inf (with
+    `finite`), or an unexpected vision tensor is present (ValueError) — each message names the key."""
     if not isinstance(weights, Mapping):
         raise ValueError(f"weights must be a mapping of checkpoint names to arrays, got {type(weights).__name__}")
+    check_layer_count(weights, config, "the weights hold")
     shapes = expected_shapes(config)
     missing = [k for k in shapes if k not in weights]
     if missing:
@@ -90,6 +120,8 @@ def check_weights(weights: Mapping[str, Any], config: VisionConfig) -> None:
         dt = getattr(weights[name], "dtype", None)
         if dt is None or not np.issubdtype(np.dtype(dt), np.floating):
             raise ValueError(f"tensor {name!r} has dtype {dt}, expected a floating dtype")
+        if finite and not np.all(np.isfinite(weights[name])):
+            raise ValueError(f"tensor {name!r} holds NaN or Inf values")
     extra = sorted(k for k in weights if is_vision_key(k) and k not in shapes)
     if extra:
         raise ValueError(
@@ -142,6 +174,7 @@ class SafetensorsFile:
         except SafetensorError as e:
             raise ValueError(_explain(self.path, e)) from None
         self.metadata: dict[str, str] = self._handle.metadata() or {}
+        self._ranges: dict[str, tuple[int, int]] | None = None
         self.entries: dict[str, dict[str, Any]] = {}
         for name in self._handle.keys():
             piece = self._handle.get_slice(name)
@@ -162,13 +195,26 @@ class SafetensorsFile:
 
     def nbytes(self, name: str) -> int | None:
         """Bytes the tensor occupies in the file (None for a dtype this module does not read)."""
-        width = _READABLE.get(self.dtype(name))
+        width = READABLE_DTYPES.get(self.dtype(name))
         return None if width is None else width * int(np.prod(self.shape(name)))
+
+    def byte_range(self, name: str) -> tuple[int, int]:
+        """Bytes [start, end) of the tensor in the file (the header was checked when the file was opened)."""
+        if self._ranges is None:
+            with open(self.path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+            self._ranges = {
+                k: (8 + n + int(v["data_offsets"][0]), 8 + n + int(v["data_offsets"][1]))
+                for k, v in header.items()
+                if k != "__metadata__"
+            }
+        return self._ranges[name]
 
     def read(self, name: str) -> np.ndarray:
         """Read one tensor (only its bytes) and return it as float32."""
         dtype = self.dtype(name)
-        if dtype not in _READABLE:
+        if dtype not in READABLE_DTYPES:
             raise ValueError(f"{self.path}: tensor {name!r} has unsupported dtype {dtype} (need F32/F16/BF16/F64)")
         try:
             tensor = self._handle.get_tensor(name)
@@ -189,19 +235,45 @@ def checkpoint_files(path: str | os.PathLike) -> dict[str, Path]:
         raise FileNotFoundError(f"no checkpoint at {path}")
     index = path / INDEX_NAME
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{index}: not a valid safetensors index ({e})") from None
-        return {k: path / v for k, v in weight_map.items()}
+        return {k: path / v for k, v in read_weight_map(index).items()}
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path}: no .safetensors files and no {INDEX_NAME}")
     out: dict[str, Path] = {}
     for f in files:
         for k in SafetensorsFile(f).keys():
+            if k in out and is_vision_key(k):
+                raise ValueError(
+                    f"tensor {k!r} is in both {out[k]} and {f}, and no {INDEX_NAME} says which to use: "
+                    "remove one file or add an index"
+                )
             out[k] = f
     return out
+
+
+def parse_weight_map(text: str, label: str) -> dict[str, str]:
+    """The `weight_map` (tensor name -> shard file name) of a safetensors index's text; ValueError naming `label`."""
+    try:
+        weight_map = json.loads(text)["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{label}: not a valid safetensors index ({type(e).__name__}: {e})") from None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in weight_map.items()
+    ):
+        raise ValueError(
+            f"{label}: not a valid safetensors index (weight_map must map tensor names to file names, "
+            f"got {type(weight_map).__name__})"
+        )
+    return weight_map
+
+
+def read_weight_map(index: Path) -> dict[str, str]:
+    """`parse_weight_map` of an index file."""
+    try:
+        text = index.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{index}: not a valid safetensors index ({e})") from None
+    return parse_weight_map(text, str(index))
 
 
 def load_weights(path: str | os.PathLike, config: VisionConfig | None = None) -> dict[str, np.ndarray]:
@@ -211,22 +283,95 @@ def load_weights(path: str | os.PathLike, config: VisionConfig | None = None) ->
     path = Path(path)
     if config is None:
         config = load_config(path)
-    where = checkpoint_files(path)
-    wanted = [k for k in where if is_vision_key(k)]
-    headers: dict[Path, SafetensorsFile] = {}
+    headers = vision_headers(path)
+    check_headers(path, config, headers)
     weights: dict[str, np.ndarray] = {}
-    for name in wanted:
-        file = where[name]
-        if file not in headers:
-            headers[file] = SafetensorsFile(file)
-        if name not in headers[file].entries:
-            raise KeyError(f"index names {name!r} in {file.name} but that file does not hold it")
-        tensor = headers[file].read(name)
+    for name, file in headers.items():
+        tensor = file.read(name)
         if not np.all(np.isfinite(tensor)):
-            raise ValueError(f"tensor {name!r} in {file.name} holds NaN or Inf values")
+            raise ValueError(f"tensor {name!r} in {file.path.name} holds NaN or Inf values")
         weights[name] = tensor
-    check_weights(weights, config)
+    check_weights(weights, config, finite=False)
     return weights
+
+
+def vision_headers(path: str | os.PathLike) -> dict[str, SafetensorsFile]:
+    """Every vision tensor of a checkpoint -> its opened file (headers only); KeyError when the index
+    names a tensor its file does not hold."""
+    where = checkpoint_files(path)
+    opened: dict[Path, SafetensorsFile] = {}
+    out = {}
+    for name in sorted(k for k in where if is_vision_key(k)):
+        file = where[name]
+        if file not in opened:
+            opened[file] = SafetensorsFile(file)
+        if name not in opened[file]:
+            raise KeyError(f"index names {name!r} in {file.name} but that file does not hold it")
+        out[name] = opened[file]
+    return out
+
+
+def check_headers(
+    path: str | os.PathLike, config: VisionConfig, headers: Mapping[str, SafetensorsFile] | None = None
+) -> None:
+    """`check_weights` from the headers alone (no tensor bytes read): layer count, names, shapes, and
+    dtypes this loader reads. Same exceptions and messages, prefixed with the checkpoint's path."""
+    headers = vision_headers(path) if headers is None else headers
+    try:
+        check_layer_count(headers, config)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    for name, file in headers.items():
+        if file.dtype(name) not in READABLE_DTYPES:
+            raise ValueError(
+                f"{file.path}: tensor {name!r} has dtype {file.dtype(name)}, which this loader cannot read "
+                "(need F32, F16, BF16 or F64)"
+            )
+    # zero-byte stand-ins with the headers' shapes (broadcast views of one float32 zero)
+    stand_ins = {name: np.broadcast_to(np.float32(0), file.shape(name)) for name, file in headers.items()}
+    try:
+        check_weights(stand_ins, config, finite=False)
+    except KeyError as e:
+        raise KeyError(f"{path}: {e.args[0]}") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+# ============================================================================ identity
+DIGEST_WINDOW = 4096
+DIGEST_WINDOWS = 16
+
+
+def checkpoint_digest(path: str | os.PathLike) -> str:
+    """sha256 over every vision tensor's name, dtype, shape and bytes: all of its bytes up to
+    `DIGEST_WINDOWS`·`DIGEST_WINDOW` (64 KiB), else that many 4 KiB windows spread evenly (first and
+    last included). At most 64 KiB read per tensor (~11 MB for K3), independent of paths and times:
+    a copy has the same digest, a checkpoint re-saved in place with other values another one."""
+    digest = hashlib.sha256()
+    handles: dict[Path, Any] = {}
+    try:
+        for name, file in vision_headers(path).items():
+            if file.path not in handles:
+                handles[file.path] = open(file.path, "rb")
+            digest.update(json.dumps([name, file.dtype(name), list(file.shape(name))]).encode())
+            digest.update(_sampled_bytes(handles[file.path], *file.byte_range(name)))
+    finally:
+        for f in handles.values():
+            f.close()
+    return digest.hexdigest()
+
+
+def _sampled_bytes(f: Any, start: int, end: int) -> bytes:
+    size = end - start
+    if size <= DIGEST_WINDOWS * DIGEST_WINDOW:
+        f.seek(start)
+        return f.read(size)
+    step = (size - DIGEST_WINDOW) / (DIGEST_WINDOWS - 1)
+    pieces = []
+    for i in range(DIGEST_WINDOWS):
+        f.seek(start + round(i * step))
+        pieces.append(f.read(DIGEST_WINDOW))
+    return b"".join(pieces)
 
 
 def load_config(path: str | os.PathLike) -> VisionConfig:
@@ -265,7 +410,17 @@ def save_weights(
     tensors = {
         name: np.ascontiguousarray(np.asarray(w, dtype=np.float32).astype(target)) for name, w in weights.items()
     }
-    save_file(tensors, str(path), metadata=dict(metadata or {"format": "pt"}))
+    save_tensors(path, tensors, metadata or {"format": "pt"})
+
+
+def save_tensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
+    """`safetensors.numpy.save_file`, atomically (a temporary file renamed on success); OSError naming
+    `path` when the write fails (a full disk)."""
+    with atomic_path(path) as tmp:
+        try:
+            save_file(dict(tensors), str(tmp), metadata=dict(metadata))
+        except SafetensorError as e:
+            raise OSError(errno.EIO, f"cannot write {path}: {e}", str(path)) from None
 
 
 def save_checkpoint(
@@ -282,7 +437,7 @@ def save_checkpoint(
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({"vision_config": config.to_dict()}, indent=2) + "\n")
+    write_text(directory / "config.json", json.dumps({"vision_config": config.to_dict()}, indent=2) + "\n")
     everything = {**weights, **(extra_tensors or {})}
     if shards == 1:
         save_weights(directory / "model.safetensors", everything, dtype)
@@ -294,7 +449,7 @@ def save_checkpoint(
         fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         save_weights(directory / fname, {k: everything[k] for k in group}, dtype)
         weight_map.update(dict.fromkeys(group, fname))
-    (directory / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2) + "\n")
+    write_text(directory / INDEX_NAME, json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2) + "\n")
 
 
 # ============================================================================ random weights

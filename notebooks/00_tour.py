@@ -24,17 +24,23 @@
 # | notebook | stage |
 # |---|---|
 # | 00_tour | the whole model: config, parameters, shapes, a real run |
-# | 01_patch_embed_gemm | patch embedding = one GEMM; the GEMM ladder v1 → v3 |
+# | 00a_warmups | your first kernels: map, guard, 2-D blocks, shared memory, reduction, scan, a fast transpose |
+# | 01_patch_embed_gemm | patch embedding = one GEMM; the GEMM ladder v1 → v3, the CUDA C GEMMs |
 # | 02_rmsnorm | the row reduction, and why `eps` matters |
 # | 03_rope_2d | 2D rotary position embedding (interleaved pairs) |
-# | 04_attention | packed attention, naive and tiled (online softmax) |
+# | 04_attention | packed attention, naive and tiled (online softmax, the flash loop) |
 # | 05_merge_and_projector | the 2×2 patch merge and the MLP projector |
 # | 06_full_encoder | everything together, compared stage by stage |
+# | 07_performance_without_a_gpu | the X-ray: registers, occupancy, SASS, coalescing and bank conflicts, rooflines |
+# | 08_hopper | the sm_90 kernels: TMA, wgmma, the 128-byte swizzle, warp specialisation |
 #
-# **You write the kernels.** Every stage notebook ends with *your turn* cells: a `@cuda.jit` kernel with
-# its signature and launch written and a marked gap to fill. `check(name, kernel)` (from
-# `moonvit_kernels.exercises`) runs it against the NumPy reference and says in words what is wrong —
-# which rows or columns differ, NaN, never written, out of bounds, or a race; `solution(name)` prints a
+# **You write the kernels.** New to CUDA? Start with the warm-ups of 00a. Every stage notebook (01–06, and
+# 08) ends with *your turn* cells: a kernel — `@cuda.jit`, or for two of them CUDA C source run on the
+# CPU emulator — with its signature and launch written and a marked gap to fill. `check(name, kernel)`
+# (from `moonvit_kernels.exercises`) runs it on two or three cases against the NumPy reference and says in
+# words what is wrong — which case, which rows or columns differ, NaN, never written, out of bounds, a
+# race, the known bug it reproduces, or (where the exercise teaches speed) which access is uncoalesced or
+# bank-conflicted; `hint(name)` gives hints from a nudge to the algorithm, `solution(name)` prints a
 # solution (kept in `notebooks/solutions/`). The list is printed at the end of this notebook.
 #
 # **No GPU needed.** On a laptop the kernels run on numba's CUDA *simulator* (one Python thread per
@@ -132,24 +138,24 @@ plot_architecture(k3, [[1, 64, 64]])
 # for attention. At 64×64 patches attention is already almost half the work, and it grows with `L²`.
 
 # %% [markdown]
-# **Which peak?** Three ceilings matter, and they differ a lot. They are *not* measured here (no GPU
-# number exists on a laptop); the first two are NVIDIA's H200 datasheet values, the third the
-# figure quoted in docs/model.md for cuBLAS on an H200:
+# **Which peak?** Two datasheet ceilings matter, and they differ a lot (NVIDIA's H200 datasheet; no GPU
+# number is measured here):
 #
 # | ceiling | TFLOP/s | what it is |
 # |---|---|---|
 # | dense bf16 tensor cores, datasheet | ≈ 989 | the marketing peak (the 1,979 figure assumes 2:4 sparsity) |
-# | cuBLAS bf16 GEMM, measured on random data | ≈ 790 | what a tuned library reaches at large sizes |
 # | fp32 on the CUDA cores (SIMT), datasheet | ≈ 67 | the ceiling of every **fp32 kernel taught in 01–05** |
 #
-# The numba kernels of this workbook compute in fp32 on the CUDA cores, so ≈ 67 TFLOP/s is their
-# ceiling — 15× below the bf16 tensor cores. Only the CUDA C bf16 GEMM (`mma.sync`) can approach the
-# first two rows. The time floors below divide the FLOPs by each ceiling.
+# What a tuned library really reaches is below the datasheet and is a measurement, not a quote:
+# `gpu_check` times cuBLAS (bf16, 8192³) on the GPU it runs on, in the same run as the kernels, and its
+# reports live under `benchmarks/results/` (none from a real GPU yet). The numba kernels of this workbook
+# compute in fp32 on the CUDA cores, so ≈ 67 TFLOP/s is their ceiling — 15× below the bf16 tensor cores;
+# only the CUDA C bf16 GEMMs (`mma.sync`, `wgmma`) can approach the first row. The time floors below
+# divide the FLOPs by each ceiling (model, no GPU).
 
 # %%
-PEAKS = {  # FLOP/s; datasheet = NVIDIA H200 SXM datasheet, cuBLAS = docs/model.md (not measured here)
+PEAKS = {  # FLOP/s, NVIDIA H200 SXM datasheet (model, no GPU)
     "bf16 datasheet": 989e12,
-    "bf16 cuBLAS": 790e12,
     "fp32 SIMT datasheet": 67e12,
 }
 for side in (32, 64, 128):
@@ -223,7 +229,7 @@ plot_architecture(config, grid_thws)
 # %% [markdown]
 # ## The kernels you will write
 #
-# The *your turn* exercises of notebooks 01–06, in order:
+# The *your turn* exercises of notebooks 00a–08, in order:
 
 # %%
 from moonvit_kernels.exercises import catalogue

@@ -160,12 +160,14 @@ print(inspect.getsource(gemm_module._make_gemm_v1))
 # ### Coalescing: which addresses does one warp touch?
 #
 # A warp is 32 threads that issue each load together; the memory system serves it in 32-byte *sectors*,
-# so a load is cheap when the warp's 32 addresses fall in few sectors. In v1, `threadIdx.x` runs along
-# `n`, so at a fixed `k` the warp reads `A[m, k]` (one address, broadcast: fine), and `B[n, k]` for 32
-# consecutive `n` — addresses `K·4` bytes apart, **one sector per thread**. Reading a 4-byte float
-# costs a 32-byte sector: 8× the traffic the maths needs. v2 stages its tiles with `threadIdx.x` along
-# `k` (`a_tile[ty, tx] = A[m, k0 + tx]`): 16 consecutive floats, 64 contiguous bytes, two sectors per
-# half-warp. Counted for the K3 patch embedding (`K = 588`):
+# so a load is cheap when the warp's 32 addresses fall in few sectors. v1 launches blocks of 16×16
+# threads with `threadIdx.x` along `n`, so one warp is **two rows of 16 lanes**: at a fixed `k` it reads
+# `A[m, k]` at two `m` (two addresses, each broadcast to 16 lanes: fine) and `B[n, k]` for 16 consecutive
+# `n`, shared by the two rows — addresses `K·4` bytes apart, **one sector per distinct `n`**: 16 sectors
+# (512 bytes) for 16 floats (64 bytes), 8× the traffic the maths needs. v2 stages its tiles with
+# `threadIdx.x` along `k` (`a_tile[ty, tx] = A[m0 + ty, k0 + tx]`): 2 rows × 16 consecutive floats, 64
+# contiguous bytes each, two or three sectors per row. Counted for the K3 patch embedding (`K = 588`), with
+# lane `l` of the warp at `tx = l mod 16`, `ty = l // 16` (notebook 07 traces the same numbers):
 
 
 # %%
@@ -176,16 +178,16 @@ def sectors_per_warp_load(byte_addresses):
 
 K3_K = 3 * 14 * 14
 lanes = np.arange(32)
-v1_b = sectors_per_warp_load((lanes * K3_K + 0) * 4)  # B[n0 + lane, k]: stride K
-v1_a = sectors_per_warp_load(np.zeros(32) * 4)  # A[m, k]: every lane the same address
+v1_b = sectors_per_warp_load((lanes % 16) * K3_K * 4)  # B[n0 + tx, k]: stride K, 16 distinct rows
+v1_a = sectors_per_warp_load((lanes // 16) * K3_K * 4)  # A[m0 + ty, k]: two rows, one address each
 v2_tile = sectors_per_warp_load(((lanes // 16) * K3_K + lanes % 16) * 4)  # 2 rows × 16 consecutive k
 rows = [
-    ["v1, B[n, k] (x along n)", v1_b, f"{32 * 4 / (v1_b * 32):.0%}"],
-    ["v1, A[m, k] (broadcast)", v1_a, "one value for all lanes"],
+    ["v1, B[n, k] (x along n)", v1_b, f"{16 * 4 / (v1_b * 32):.0%}"],
+    ["v1, A[m, k] (broadcast)", v1_a, "one value per 16 lanes"],
     ["v2 tile load (x along k)", v2_tile, f"{32 * 4 / (v2_tile * 32):.0%}"],
 ]
 display(Markdown(markdown_table(["warp load", "32-byte sectors", "useful bytes / moved"], rows)))
-assert v1_b == 32 and v2_tile <= 6  # 2 rows of 64 bytes: 2 sectors each, 3 when a row straddles
+assert v1_b == 16 and v1_a == 2 and v2_tile <= 6  # v2: 2 rows of 64 bytes, 2 sectors each (3 when one straddles)
 
 # %% [markdown]
 # **A coalesced v1.** The smallest change that makes every load of v1 coalesced: turn the warp sideways.
@@ -508,32 +510,51 @@ else:
     print(f"{where()}: no chart — simulator times measure Python threads, not GPU performance")
 
 # %% [markdown]
+# ## Predicted, and measured
+#
+# What the X-ray (notebook 07) predicts for this stage's kernels at K3 shapes: the roofline on the H200's
+# datasheet peaks — the time floor from the traffic no tiling can avoid, and the bound of each kernel as
+# written (its global loads as requested). Model, no GPU: floors, not timings. Once a `gpu_check` report
+# from a real GPU is committed under `benchmarks/results/`, its measurements appear beside them.
+
+# %%
+from IPython.display import Markdown, display
+
+from moonvit_kernels.plots import markdown_table, prediction_rows
+
+header, rows, note = prediction_rows("01")
+display(Markdown(markdown_table(header, rows)))
+print(note)
+
+# %% [markdown]
 # ## Exercises
 #
 # ### Your turn: write the kernel
 #
 # Each cell below is a kernel with its signature and launch written and a gap between the `▼` and `▲`
 # marks. Fill the gap and run the cell: `check(name, kernel)` launches your kernel (on the CUDA simulator
-# without a GPU, on the GPU where there is one) on random inputs of awkward sizes, compares it with NumPy
-# under the fp32 error bound `8·eps·√K·(|A|·|B|ᵀ)`, and says what is wrong: which rows and columns
-# differ, NaN, outputs never written, an index out of bounds, or results that change between two runs (a
-# race). As committed, the gaps are empty, so the checks below report failures — that is expected. Stuck?
-# `solution("gemm_naive")` prints a solution (from `notebooks/solutions/`).
+# without a GPU, on the GPU where there is one) on two or three cases — square and non-square, one block
+# and several, sizes that are no multiple of a tile — compares it with NumPy under the fp32 error bound
+# `8·eps·√K·(|A|·|B|ᵀ)`, and says what is wrong: which case, which rows and columns differ, NaN, outputs
+# never written, an index out of bounds, a race, and the bug it looks like when it knows one. Exercise B
+# is also traced for coalescing: a correct kernel with scattered loads fails it. As committed, the gaps are
+# empty, so the checks report failures — that is expected. A failing check shows a first hint;
+# `hint("gemm_naive")` shows them all, `solution("gemm_naive")` prints a solution (from
+# `notebooks/solutions/`). If you have not written a kernel before, start with the warm-ups of 00a.
 #
-# **A.** GEMM v1: one thread per output `C[m, n] = Σ_k A[m, k]·B[n, k]`. The grid overshoots `M` and `N`.
+# **A.** GEMM v1: one thread per output, `C[m, n] = Σ_k A[m, k]·B[n, k]`, on a 2-D grid of 16×16-thread
+# blocks laid out like C (`x` across the columns).
 
 # %%
 # YOUR TURN: gemm_naive — launched by check() as gemm_naive[(⌈N/16⌉, ⌈M/16⌉), (16, 16)](A, B, C, M, N, K)
 from numba import float32
 
-from moonvit_kernels.exercises import check, solution
+from moonvit_kernels.exercises import check, hint, solution
 
 
 @cuda.jit
 def gemm_naive(A, B, C, M, N, K):
-    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x  # threadIdx.x runs along the columns of C
-    m = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
-    # ▼ your code: if (m, n) lies inside C, accumulate Σ_k A[m, k]·B[n, k] in float32 and store it in C[m, n]
+    # ▼ your code
     pass
     # ▲
 
@@ -541,9 +562,11 @@ def gemm_naive(A, B, C, M, N, K):
 result = check("gemm_naive", gemm_naive)
 
 # %% [markdown]
-# **B.** GEMM v2's tile loads. Thread `(ty, tx)` stages one element of each 16×16 tile per K step;
-# outside `A` or `B` it must store `0.0` (here `K = 35`: the last tile is partial). Consecutive `tx` should
-# read consecutive `k` — one contiguous (coalesced) segment per warp.
+# **B.** GEMM v2's tile loads. The block owns a 16×16 block of C; per K step its 256 threads stage a 16×16
+# tile of A and one of B in shared memory, and every thread then reads its 16 pairs from there. You write
+# the staging: which element each thread copies, and what goes where the tile hangs over the edge of A or
+# B (here `K = 35` and `K = 37`: the last tile is partial). The check also traces the loads: a warp
+# should read neighbouring addresses.
 
 # %%
 # YOUR TURN: gemm_tile_loads — launched by check() as gemm_tile_loads[(⌈N/16⌉, ⌈M/16⌉), (16, 16)](A, B, C, M, N, K)
@@ -556,18 +579,19 @@ def gemm_tile_loads(A, B, C, M, N, K):
     b_tile = cuda.shared.array((TILE, TILE + 1), float32)  # b_tile[r, kk] = B[n0 + r, k0 + kk]; +1: no bank conflicts
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
-    m = cuda.blockIdx.y * TILE + ty
-    n = cuda.blockIdx.x * TILE + tx
-    n_load = cuda.blockIdx.x * TILE + ty  # the row of B this thread stages
+    m0 = cuda.blockIdx.y * TILE  # this block's first row of C
+    n0 = cuda.blockIdx.x * TILE  # and first column
     acc = float32(0.0)
     for k0 in range(0, K, TILE):
-        # ▼ your code: a_tile[ty, tx] = A[m, k0 + tx] and b_tile[ty, tx] = B[n_load, k0 + tx], or 0.0 outside
+        # ▼ your code: stage this K step's tiles
         pass
         # ▲
         cuda.syncthreads()
         for kk in range(TILE):
             acc += a_tile[ty, kk] * b_tile[tx, kk]
         cuda.syncthreads()
+    m = m0 + ty
+    n = n0 + tx
     if m < M and n < N:
         C[m, n] = acc
 
@@ -575,10 +599,11 @@ def gemm_tile_loads(A, B, C, M, N, K):
 result = check("gemm_tile_loads", gemm_tile_loads)
 
 # %% [markdown]
-# **C.** GEMM v3's idea, register blocking, at a small scale: a block of 16×16 threads owns 32×32 outputs,
-# each thread a 2×2 patch held in registers (`acc`). The tile loads are written; for each `kk` of a tile,
-# load the `TM` values of A and the `TN` values of B this thread needs into registers, then do the `TM·TN`
-# multiply-adds.
+# **C.** GEMM v3's idea, register blocking, at a small scale: a block of 16×16 threads owns **32×32**
+# outputs, each thread a 2×2 patch held in registers (`acc`), so per `kk` a thread reads `TM + TN` values
+# from shared memory and does `TM·TN` multiply-adds. The declarations are written; the rest — where the
+# block's outputs start, the staging of 32-row tiles, the register-tile multiply, the stores — is yours.
+# The cases: one block, then several.
 
 # %%
 # YOUR TURN: gemm_register_tile — launched by check() as gemm_register_tile[(⌈N/32⌉, ⌈M/32⌉), (16, 16)](A, B, C, M, N, K)
@@ -594,36 +619,42 @@ def gemm_register_tile(A, B, C, M, N, K):
     b_reg = cuda.local.array(TN, float32)
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
-    m0 = cuda.blockIdx.y * TM * TILE
-    n0 = cuda.blockIdx.x * TN * TILE
     for i in range(TM):
         for j in range(TN):
             acc[i, j] = float32(0.0)
-    for k0 in range(0, K, TILE):
-        k = k0 + tx
-        for s in range(TM):  # each thread stages TM rows of A and TN rows of B
-            r = ty + s * TILE
-            a_tile[r, tx] = A[m0 + r, k] if (m0 + r < M and k < K) else float32(0.0)
-        for s in range(TN):
-            r = ty + s * TILE
-            b_tile[r, tx] = B[n0 + r, k] if (n0 + r < N and k < K) else float32(0.0)
-        cuda.syncthreads()
-        # ▼ your code: for kk in range(TILE): a_reg[i] = a_tile[ty·TM + i, kk], b_reg[j] = b_tile[tx·TN + j, kk],
-        #   then acc[i, j] += a_reg[i]·b_reg[j]
-        pass
-        # ▲
-        cuda.syncthreads()
-    for i in range(TM):
-        for j in range(TN):
-            m = m0 + ty * TM + i
-            n = n0 + tx * TN + j
-            if m < M and n < N:
-                C[m, n] = acc[i, j]
+    # ▼ your code
+    pass
+    # ▲
 
 
 result = check("gemm_register_tile", gemm_register_tile)
 
 # %% [markdown]
+# **D. CUDA C: the tensor-core fragments.** `mma.sync.m16n8k16` multiplies a 16×16 bf16 tile of A by a
+# 16×8 tile of B into a 16×8 fp32 tile in one warp-wide instruction — but each operand arrives spread over
+# the 32 lanes by a fixed table (the header of `ptx.cuh`, printed above with the bf16 GEMM). Write the
+# kernel that gives each lane its pieces of A and B and stores its pieces of the result: one warp per
+# 16×8 tile of C. The source is compiled by the CPU emulator (g++, every CUDA thread a fiber, `ptx.cuh`'s
+# `mma_bf16_16816` computed from the PTX ISA's tables); `check` takes the **source text**. A and B are
+# passed as bf16 bit patterns (`unsigned short`), K is a multiple of 16, M and N are not multiples of the
+# tile.
+
+# %%
+# YOUR TURN: mma_fragments — launched by check() as mma_fragments<<<(⌈N/8⌉, ⌈M/16⌉), 32>>>(A, B, C, M, N, K)
+mma_fragments = r"""
+#include "ptx.cuh"
+
+extern "C" __global__ void mma_fragments(const unsigned short* A, const unsigned short* B, float* C,
+                                         int M, int N, int K) {
+  const int lane = threadIdx.x;
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // ▼ your code
+  // ▲
+}
+"""
+
+result = check("mma_fragments", mma_fragments)
+
 # ### Worked exercises
 #
 # Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.

@@ -288,17 +288,37 @@ else:
     )
 
 # %% [markdown]
+# ## Predicted, and measured
+#
+# What the X-ray (notebook 07) predicts for this stage's kernels at K3 shapes: the roofline on the H200's
+# datasheet peaks — the time floor from the traffic no tiling can avoid, and the bound of each kernel as
+# written (its global loads as requested). Model, no GPU: floors, not timings. Once a `gpu_check` report
+# from a real GPU is committed under `benchmarks/results/`, its measurements appear beside them.
+
+# %%
+from IPython.display import Markdown, display
+
+from moonvit_kernels.plots import markdown_table, prediction_rows
+
+header, rows, note = prediction_rows("02")
+display(Markdown(markdown_table(header, rows)))
+print(note)
+
+# %% [markdown]
 # ## Exercises
 #
 # ### Your turn: write the kernel
 #
-# Each cell below is the RMSNorm kernel (one block of 32 threads per row, 75 columns: not a multiple of
-# 32) with a gap between `▼` and `▲`. Fill it and run the cell: `check(name, kernel)` launches it on the
-# simulator (or the GPU), compares with `reference.rmsnorm` under an fp32 bound and says what is wrong —
-# rows and columns that differ, outputs never written, NaN, or a race when two runs differ. As committed
-# the gaps are empty and the checks report failures. `solution("rmsnorm_reduction")` prints a solution.
+# Each cell below is the RMSNorm kernel (one block of 32 threads per row) with a gap between `▼` and `▲`.
+# Fill it and run the cell: `check(name, kernel)` launches it on the simulator (or the GPU) on two cases —
+# 75 columns (not a multiple of 32) and 20 (fewer columns than threads), each with a nearly-zero row where
+# eps matters — compares with `reference.rmsnorm` under an fp32 bound and says what is wrong: rows and
+# columns that differ, outputs never written, NaN, a race when two runs differ, a per-row scale that is
+# off. As committed the gaps are empty and the checks report failures. A failing check shows a first
+# hint; `hint("rmsnorm_reduction")` shows them all, `solution("rmsnorm_reduction")` prints a solution.
 #
-# **A.** The tree reduction: add the 32 partial sums of `partial[]` into `partial[0]`.
+# **A.** The block reduction: the 32 partial sums sit in `partial[]`; after your code, `partial[0]` must hold
+# their total for every thread to read.
 
 # %%
 # YOUR TURN: rmsnorm_reduction — launched by check() as rmsnorm_reduction[rows, 32](x, weight, out, rows, cols, eps)
@@ -306,7 +326,7 @@ import math
 
 from numba import float32
 
-from moonvit_kernels.exercises import check, solution
+from moonvit_kernels.exercises import check, hint, solution
 
 THREADS = 32
 
@@ -322,7 +342,7 @@ def rmsnorm_reduction(x, weight, out, rows, cols, eps):
         acc += v * v
     partial[tid] = acc
     cuda.syncthreads()
-    # ▼ your code: the tree — stride = THREADS/2, …, 1: threads tid < stride add partial[tid + stride]
+    # ▼ your code
     pass
     # ▲
     r = float32(1.0) / math.sqrt(partial[0] / float32(cols) + eps)
@@ -333,8 +353,8 @@ def rmsnorm_reduction(x, weight, out, rows, cols, eps):
 result = check("rmsnorm_reduction", rmsnorm_reduction)
 
 # %% [markdown]
-# **B.** The strided loops around the reduction: each thread sums `x²` over its columns
-# `tid, tid + 32, tid + 64`, and at the end scales the same columns.
+# **B.** The loops around the reduction: a block of 32 threads must cover a whole row of any length —
+# first summing `x²`, at the end scaling and storing.
 
 
 # %%
@@ -345,7 +365,7 @@ def rmsnorm_sum_and_scale(x, weight, out, rows, cols, eps):
     tid = cuda.threadIdx.x
     partial = cuda.shared.array(THREADS, float32)
     acc = float32(0.0)
-    # ▼ your code (1): acc = Σ x[row, j]² over this thread's columns j
+    # ▼ your code (1): this thread's share of the row's sum of squares
     pass
     # ▲
     partial[tid] = acc
@@ -356,8 +376,7 @@ def rmsnorm_sum_and_scale(x, weight, out, rows, cols, eps):
             partial[tid] += partial[tid + stride]
         cuda.syncthreads()
         stride //= 2
-    r = float32(1.0) / math.sqrt(partial[0] / float32(cols) + eps)
-    # ▼ your code (2): out[row, j] = x[row, j]·r·weight[j] over the same columns
+    # ▼ your code (2): the row's scale, and the scaled outputs
     pass
     # ▲
 
@@ -365,6 +384,31 @@ def rmsnorm_sum_and_scale(x, weight, out, rows, cols, eps):
 result = check("rmsnorm_sum_and_scale", rmsnorm_sum_and_scale)
 
 # %% [markdown]
+# **C. CUDA C: a warp-shuffle reduction.** When a whole row fits one warp, its 32 lanes can add their partial
+# sums without shared memory or barriers: `__shfl_xor_sync(mask, v, k)` hands each lane the value `v` of lane
+# `lane XOR k`. The CUDA C kernel of the package (`rmsnorm.cu`) reduces this way inside each warp. Write
+# `rmsnorm_warp_sum`: one block of one warp per row, `out = x · rsqrt(mean(x²) + eps) · weight`. The source
+# is compiled and run by the CPU emulator (g++, every CUDA thread a fiber, shuffles exchanged through the
+# emulated warp); `check` takes the **source text**.
+
+# %%
+# YOUR TURN: rmsnorm_warp_sum — launched by check() as rmsnorm_warp_sum<<<rows, 32>>>(x, weight, out, cols, eps)
+rmsnorm_warp_sum = r"""
+extern "C" __global__ void rmsnorm_warp_sum(const float* x, const float* weight, float* out, int cols, float eps) {
+  const int row = blockIdx.x;
+  const int lane = threadIdx.x;
+  const float* xr = x + (long long)row * cols;
+  float s = 0.0f;
+  for (int j = lane; j < cols; j += 32) s += xr[j] * xr[j];
+  // ▼ your code: every lane needs the row's total
+  // ▲
+  const float r = rsqrtf(s / cols + eps);
+  for (int j = lane; j < cols; j += 32) out[(long long)row * cols + j] = xr[j] * r * weight[j];
+}
+"""
+
+result = check("rmsnorm_warp_sum", rmsnorm_warp_sum)
+
 # ### Worked exercises
 #
 # Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.

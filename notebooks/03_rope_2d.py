@@ -52,6 +52,9 @@ from moonvit_kernels.numba_backend.rope import rope2d
 from moonvit_kernels.plots import (
     error_heatmap,
     markdown_table,
+    plot_rope_comb,
+    plot_rope_k3_maps,
+    plot_rope_offset_map,
     plot_rope_pairing,
     rope_angle_range,
     rope_frequency_maps,
@@ -313,6 +316,25 @@ rope_frequency_maps(SIDE, SIDE, K3_HD, "angle", slots=slots)
 rope_frequency_maps(SIDE, SIDE, K3_HD, "cos", slots=[2 * i for i in range(8)])
 
 # %% [markdown]
+# Those maps are each one slot over the grid. What the *interleaving* does shows best with slots down and
+# positions across: every slot's `cos(angle)` for a token moving along a row (the column grows), and for one
+# moving down a column (the row grows). Along a row only the even (width) slots turn — the odd rows of the
+# picture are flat — and down a column only the odd ones: a comb (`plots.plot_rope_comb`). Fast slots at
+# the top wrap many times across the image; from about slot 40 on, nothing visibly turns within 64 patches.
+
+# %%
+plot_rope_comb(K3_HD, SIDE)
+
+# %% [markdown]
+# Where do the slow slots turn at all? Each panel below draws one width slot (top) and one height slot
+# (bottom) over at least one full period of its own, with the 64×64 image dashed (`plots.plot_rope_k3_maps`,
+# what `moonvit-kernels rope` writes): the slowest slot's period is ~47,000 patches, so inside any image it
+# only ramps — coarse position, carried by a tiny angle.
+
+# %%
+plot_rope_k3_maps(K3_HD, (SIDE, SIDE))
+
+# %% [markdown]
 # **Explore it yourself** (needs `ipywidgets`, `pip install ipywidgets`): sliders for the grid side, the
 # frequency index `i` and the slot (width or height). Without ipywidgets the cell says so and does nothing.
 
@@ -347,6 +369,15 @@ if widgets is not None:
 # %%
 rope_offset_invariance(32)
 
+# %% [markdown]
+# In 2-D: `q·k` after RoPE over every (row, column) offset at once, for one query (q = k) whose width slots
+# carry more energy than its height slots. With K3's convention the ridge runs down the Δcol = 0 column:
+# this query tells horizontal positions apart sharply. A port that swaps the axes (width slots turning by
+# the row) gets the **transposed** map — the model would read rows as columns (`plots.plot_rope_offset_map`).
+
+# %%
+plot_rope_offset_map(K3_HD, 32)
+
 
 # %% [markdown]
 # ## The two pitfalls, measured
@@ -376,16 +407,35 @@ for name, q_port in ports.items():
     print(f"{name:42s} max |kernel − port| / max|q| = {np.abs(q_kernel - q_port).max() / np.abs(q64).max():.2e}")
 
 # %% [markdown]
+# ## Predicted, and measured
+#
+# What the X-ray (notebook 07) predicts for this stage's kernels at K3 shapes: the roofline on the H200's
+# datasheet peaks — the time floor from the traffic no tiling can avoid, and the bound of each kernel as
+# written (its global loads as requested). Model, no GPU: floors, not timings. Once a `gpu_check` report
+# from a real GPU is committed under `benchmarks/results/`, its measurements appear beside them.
+
+# %%
+from IPython.display import Markdown, display
+
+from moonvit_kernels.plots import markdown_table, prediction_rows
+
+header, rows, note = prediction_rows("03")
+display(Markdown(markdown_table(header, rows)))
+print(note)
+
+# %% [markdown]
 # ## Exercises
 #
 # ### Your turn: write the kernel
 #
 # Each cell below is a kernel with a gap between `▼` and `▲`. Fill it and run the cell: `check(name,
-# kernel)` launches it (simulator or GPU), compares it with the NumPy reference and says which tokens and
-# dims are wrong, which outputs were never written, NaN, or a race. As committed the gaps are empty (or
-# hold a placeholder) and the checks report failures. `solution("rope_rotate_pairs")` prints a solution.
+# kernel)` launches it (simulator or GPU) on two cases (grids wider and taller, head dims 16 and 24; two
+# packings of images and videos), compares it with the NumPy reference and says which tokens and dims are
+# wrong, which outputs were never written, NaN, a race, or the known bug it reproduces. As committed the
+# gaps are empty (or hold a placeholder) and the checks report failures. A failing check shows a first
+# hint; `hint("rope_rotate_pairs")` shows them all, `solution("rope_rotate_pairs")` prints a solution.
 #
-# **A.** The pair rotation for one head of `head_dim = 16` on a 5×7 grid: thread `i` owns dims
+# **A.** The pair rotation for one head (`head_dim` 16 on a 5×7 grid, then 24 on 6×4): thread `i` owns dims
 # `4i … 4i+3`; rotate `(4i, 4i+1)` by `col·f_i` and `(4i+2, 4i+3)` by `row·f_i`,
 # `(a, b) → (a·cos − b·sin, a·sin + b·cos)`.
 
@@ -395,7 +445,7 @@ import math
 
 from numba import cuda, float32
 
-from moonvit_kernels.exercises import check, solution
+from moonvit_kernels.exercises import check, hint, solution
 
 THETA = float32(10000.0)
 
@@ -414,9 +464,9 @@ def rope_rotate_pairs(x, rows, cols, out, head_dim):
 result = check("rope_rotate_pairs", rope_rotate_pairs)
 
 # %% [markdown]
-# **B.** The position of a token in a packed batch (a 2-frame 3×5 video, then a 4×3 image): find the
-# token's item from `cu_seqlens`, then its row and column within its frame — every frame of a video
-# restarts at `(0, 0)`. Write `pos[l, 0] = row`, `pos[l, 1] = col`.
+# **B.** The position of a token in a packed batch (a 2-frame 3×5 video and a 4×3 image; then three items,
+# one a 3-frame video): the token's row and column within its own frame. Write `pos[l, 0] = row`,
+# `pos[l, 1] = col`.
 
 
 # %%
@@ -426,7 +476,7 @@ def rope_token_position(grid_thws, cu_seqlens, n_items, pos, L):
     l = cuda.grid(1)
     if l >= L:
         return
-    # ▼ your code: the item n with cu_seqlens[n] <= l < cu_seqlens[n + 1], then row and col in its frame
+    # ▼ your code
     pass
     # ▲
 
@@ -437,8 +487,8 @@ result = check("rope_token_position", rope_token_position)
 # **C.** Fusion (see notebook 05 for the bytes it saves): the `wqkv` GEMM rotates q and k in its epilogue,
 # so `qkv` is written once, already rotated, and the RoPE kernel's read-and-rewrite of `[L, 2Q]` disappears.
 # Each thread computes the *pair* of output columns `2p, 2p + 1` (a rotation needs both); for q and k
-# columns (`2p < 2Q`) it rotates them before the store, v columns are stored as they are. 2 heads of
-# `head_dim = 8` on a 3×5 grid; the placeholder stores the pair unrotated.
+# columns it rotates them before the store, v columns are stored as they are. Two cases: 2 heads of
+# `head_dim = 8` on a 3×5 grid, 3 heads of 12 on 4×3. The placeholder stores the pair unrotated.
 
 
 # %%
@@ -455,8 +505,7 @@ def rope_qkv_epilogue(x, W, rows, cols, qkv, L, Din, heads, head_dim):
         for k in range(Din):
             c0 += x[m, k] * W[c, k]
             c1 += x[m, k] * W[c + 1, k]
-        # ▼ your code: if c is a q or k column, rotate (c0, c1) by its angle (d = c mod head_dim, i = d // 4,
-        #   width pair when d mod 4 < 2, height pair otherwise; f_i = THETA^(−4i/head_dim))
+        # ▼ your code: rotate (c0, c1) when they are q or k
         pass
         # ▲
         qkv[m, c] = c0

@@ -382,18 +382,35 @@ else:
     )
 
 # %% [markdown]
+# ## Predicted, and measured
+#
+# What the X-ray (notebook 07) predicts for this stage's kernels at K3 shapes: the roofline on the H200's
+# datasheet peaks — the time floor from the traffic no tiling can avoid, and the bound of each kernel as
+# written (its global loads as requested). Model, no GPU: floors, not timings. Once a `gpu_check` report
+# from a real GPU is committed under `benchmarks/results/`, its measurements appear beside them.
+
+# %%
+from IPython.display import Markdown, display
+
+from moonvit_kernels.plots import markdown_table, prediction_rows
+
+header, rows, note = prediction_rows("04")
+display(Markdown(markdown_table(header, rows)))
+print(note)
+
+# %% [markdown]
 # ## Exercises
 #
 # ### Your turn: write the kernel
 #
-# Two single-head attention kernels, one thread per query (`L = 23` queries and keys, `head_dim = 16`),
-# each with a gap between `▼` and `▲`. The test data are chosen so scores reach ±100: `exp` of that
-# overflows fp32 (above ≈ 88.7), so the maximum must be subtracted. `check(name, kernel)` runs your
-# kernel (simulator or GPU) against NumPy and says which queries and dims are wrong, NaN, never written,
-# or a race. As committed the checks report failures. `solution("attention_softmax")` prints a solution.
+# Two single-head attention kernels, one thread per query (`L = 23`, then 37 queries and keys over two
+# blocks, `head_dim = 16`), then attention v2's tiled loop, each with a gap between `▼` and `▲`. The test
+# data are chosen so scores reach ±200: `exp` of that overflows fp32 (above ≈ 88.7). `check(name, kernel)`
+# runs your kernel (simulator or GPU) against NumPy and says which queries and dims are wrong, NaN, never
+# written, a race, or the known bug it reproduces. As committed the checks report failures. A failing
+# check shows a first hint; `hint("attention_softmax")` shows them all, `solution(...)` prints a solution.
 #
-# **A.** The safe softmax in two passes: the row maximum `m`, then `p = exp(s − m)`, `l = Σ p`,
-# `acc = Σ p·v`; the cell already divides `acc / l`.
+# **A.** The softmax in two passes over the keys, safe from overflow; the cell already divides `acc / l`.
 
 # %%
 # YOUR TURN: attention_softmax — launched by check() as attention_softmax[1, 32](q, k, v, out, L, scale)
@@ -401,7 +418,7 @@ import math
 
 from numba import float32
 
-from moonvit_kernels.exercises import check, solution
+from moonvit_kernels.exercises import check, hint, solution
 
 HD = 16  # head dim, a compile-time constant (the size of the local accumulator)
 
@@ -417,7 +434,7 @@ def attention_softmax(q, k, v, out, L, scale):
         for d in range(HD):
             s += q[i, d] * k[j, d]
         s *= scale
-        # ▼ your code (1): the running maximum of the scores
+        # ▼ your code (1)
         pass
         # ▲
     acc = cuda.local.array(HD, float32)
@@ -429,7 +446,7 @@ def attention_softmax(q, k, v, out, L, scale):
         for d in range(HD):
             s += q[i, d] * k[j, d]
         s *= scale
-        # ▼ your code (2): p = exp(s − m); add p to l and p·v[j, :] to acc
+        # ▼ your code (2)
         pass
         # ▲
     for d in range(HD):
@@ -439,9 +456,9 @@ def attention_softmax(q, k, v, out, L, scale):
 result = check("attention_softmax", attention_softmax)
 
 # %% [markdown]
-# **B.** The online softmax, one pass over the keys (a key tile of one; attention v2 does the same per
-# 16-key tile). The placeholder below tracks the maximum but forgets that the sums so far were weighted
-# by `exp(s − m_old)`: rescale `l` and `acc` by `alpha = exp(m_old − m_new)` before adding the new key.
+# **B.** The online softmax: one pass over the keys (a key tile of one; attention v2 does the same per
+# 16-key tile). The placeholder tracks the running maximum and sums the exp-weights relative to it — but
+# the maximum moves while the sums grow.
 
 
 # %%
@@ -462,7 +479,7 @@ def online_softmax_rescale(q, k, v, out, L, scale):
             s += q[i, d] * k[j, d]
         s *= scale
         m_new = max(m, s)
-        # ▼ your code: this placeholder update forgets to rescale l and acc when the maximum grows
+        # ▼ your code: this placeholder update is wrong as soon as the maximum grows
         p = math.exp(s - m_new)
         l = l + p
         for d in range(HD):
@@ -474,6 +491,46 @@ def online_softmax_rescale(q, k, v, out, L, scale):
 
 
 result = check("online_softmax_rescale", online_softmax_rescale)
+
+# %% [markdown]
+# **C. The flash loop.** Attention v2, printed above, is yours to write: one block per tile of `BQ = 4`
+# query rows of one packed item (`tiles[b] = (item, first query row)`), the query tile staged in shared
+# memory once, the item's keys and values streamed through shared memory `BK = 8` at a time, a running
+# maximum and sum per row rescaled as in B — but a whole tile of keys per step — and the barriers that
+# keep 32 threads from reading a tile another thread is still writing. Thread `(ty, tx)` is query row `ty`
+# of the tile and key `tx` of the key tile; with `BK = head_dim = 8` it also owns output dim `tx`. The
+# cases pack items of 6 and 13 tokens, then 3, 17 and 9: partial query tiles, partial key tiles, and items
+# that must not see each other.
+
+# %%
+# YOUR TURN: flash_attention_tiles — launched by check() as flash_attention_tiles[n_tiles, (8, 4)](q, k, v, cu_seqlens, tiles, out, scale)
+HEAD_DIM, BQ, BK = 8, 4, 8
+
+
+@cuda.jit
+def flash_attention_tiles(q, k, v, cu_seqlens, tiles, out, scale):
+    q_s = cuda.shared.array((BQ, HEAD_DIM), float32)
+    k_s = cuda.shared.array((BK, HEAD_DIM), float32)
+    v_s = cuda.shared.array((BK, HEAD_DIM), float32)
+    s_s = cuda.shared.array((BQ, BK), float32)
+    p_s = cuda.shared.array((BQ, BK), float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    item = tiles[cuda.blockIdx.x, 0]
+    row = tiles[cuda.blockIdx.x, 1] + ty
+    kv_start = cu_seqlens[item]
+    kv_end = cu_seqlens[item + 1]
+    m_i = float32(-math.inf)
+    l_i = float32(0.0)
+    acc = float32(0.0)
+    # ▼ your code
+    pass
+    # ▲
+    if row < kv_end:
+        out[row, tx] = acc / l_i
+
+
+result = check("flash_attention_tiles", flash_attention_tiles)
 
 # %% [markdown]
 # ### Worked exercises

@@ -16,13 +16,13 @@
 # %% [markdown]
 # # 05 — The patch merge and the projector
 #
-# **What the source does.** After the final norm, `tpool_patch_merger` (docs/model.md, stage 5) turns every
+# **What the source does.** After the final norm, `tpool_patch_merger` (docs/model.md, stage 6) turns every
 # `kh × kw` (2×2 in K3) block of neighbouring patches into one token, and averages over the frames of a
 # video. For an item `(t, h, w)`: view the tokens as `[t, h/kh, kh, w/kw, kw, D]`, permute to
 # `[t, h/kh, w/kw, kh, kw, D]`, mean over `t` → `[(h/kh)·(w/kw), kh·kw, D]`. So merged token
 # `m = i·(w/kw) + j` holds, in slot `a·kw + b`, source patch `(kh·i + a)·w + (kw·j + b)`.
 #
-# The projector `PatchMergerMLPV2` (stage 6) flattens each merged token slot-major to `kh·kw·D`, then:
+# The projector `PatchMergerMLPV2` (stage 7) flattens each merged token slot-major to `kh·kw·D`, then:
 # `Linear(kh·kw·D → kh·kw·D) → GELU (exact erf) → Linear(→ T) → rmsnorm(eps = projector_ln_eps)`.
 # No biases, no pre-norm. The output rows are the image tokens the language model reads.
 #
@@ -289,36 +289,54 @@ for name, y in ports.items():
 # a reminder that a test passing on one input proves little: the RMSNorm notebook shows where it bites.
 
 # %% [markdown]
+# ## Predicted, and measured
+#
+# What the X-ray (notebook 07) predicts for this stage's kernels at K3 shapes: the roofline on the H200's
+# datasheet peaks — the time floor from the traffic no tiling can avoid, and the bound of each kernel as
+# written (its global loads as requested). Model, no GPU: floors, not timings. Once a `gpu_check` report
+# from a real GPU is committed under `benchmarks/results/`, its measurements appear beside them.
+
+# %%
+from IPython.display import Markdown, display
+
+from moonvit_kernels.plots import markdown_table, prediction_rows
+
+header, rows, note = prediction_rows("05")
+display(Markdown(markdown_table(header, rows)))
+print(note)
+
+# %% [markdown]
 # ## Exercises
 #
 # ### Your turn: write the kernel
 #
-# Two kernels with a gap between `▼` and `▲`, on a 2-frame video of 6×4 patches, `D = 5`, merge 2×2.
-# `check(name, kernel)` runs your kernel (simulator or GPU) against `reference.tpool_patch_merger` and
-# says which merged tokens and columns are wrong, never written, out of bounds, or racy. As committed the
-# checks report failures. `solution("merge_index")` prints a solution.
+# Two kernels with a gap between `▼` and `▲`. K3 merges 2×2, but the kernels take any `kh × kw`: the cases
+# are a 2-frame video of 6×4 patches (`D = 5`, merge 2×2), then a **3-frame** video of 4×6 patches merged
+# **2×3** — so a slip between `kh`, `kw` and `t` that the K3 image case hides shows. `check(name, kernel)`
+# runs your kernel (simulator or GPU) against `reference.tpool_patch_merger` and says which merged tokens
+# and columns are wrong, never written, out of bounds, racy, or which known bug it reproduces. As committed
+# the checks report failures. A failing check shows a first hint; `hint("merge_index")` shows them all,
+# `solution("merge_index")` prints a solution.
 #
-# **A.** The merge index: merged token `m` is `(i, j)` in the `(h/2)×(w/2)` merged grid; its slot
-# `a·2 + b` holds patch `(2i + a, 2j + b)` of the frame, averaged over frames. The placeholder treats each
-# 2×2 group as 4 consecutive tokens — the classic misreading of the layout.
+# **A.** The merge index: merged token `m` covers a `kh × kw` block of patches of every frame, its slots
+# numbered row-major inside the block, and holds their mean over the frames. The placeholder treats each
+# block as `kh·kw` consecutive tokens — the classic misreading of the layout.
 
 # %%
-# YOUR TURN: merge_index — launched by check() as merge_index[M, 32](x, out, t, h, w, D)
+# YOUR TURN: merge_index — launched by check() as merge_index[M, 32](x, out, t, h, w, D, kh, kw)
 from numba import float32
 
-from moonvit_kernels.exercises import check, solution
-
-KH, KW = 2, 2
+from moonvit_kernels.exercises import check, hint, solution
 
 
 @cuda.jit
-def merge_index(x, out, t, h, w, D):
+def merge_index(x, out, t, h, w, D, kh, kw):
     m = cuda.blockIdx.x  # one block per merged token
-    for col in range(cuda.threadIdx.x, KH * KW * D, cuda.blockDim.x):
+    for col in range(cuda.threadIdx.x, kh * kw * D, cuda.blockDim.x):
         slot = col // D
         d = col % D
         # ▼ your code: the patch (row-major index within one frame) that slot `slot` of token m reads
-        patch = m * KH * KW + slot  # placeholder: wrong
+        patch = m * kh * kw + slot  # placeholder: wrong
         # ▲
         acc = float32(0.0)
         for f in range(t):
@@ -330,22 +348,22 @@ result = check("merge_index", merge_index)
 
 # %% [markdown]
 # **B.** Fusion: the projector's first GEMM `C = merged · Bᵀ` reading `merged[m, k]` straight from `x`
-# through the merge index, so the `[M, 4·D]` merged buffer is never written and read back (it saves
-# `2 · M · 4D · 4` bytes of traffic per call). Column `k` of a merged row is `slot = k // D`, `d = k mod D`.
-# The placeholder reads `x[m, k]` as if `x` were already merged.
+# through the merge index, so the `[M, kh·kw·D]` merged buffer is never written and read back (it saves
+# `2 · M · 4D · 4` bytes of traffic per call at K3's 2×2). The placeholder reads `x[m, k]` as if `x` were
+# already merged.
 
 
 # %%
-# YOUR TURN: fused_gather_gemm — launched by check() as fused_gather_gemm[(⌈N/16⌉, ⌈M/16⌉), (16, 16)](x, B, C, t, h, w, D, N)
+# YOUR TURN: fused_gather_gemm — launched by check() as fused_gather_gemm[(⌈N/16⌉, ⌈M/16⌉), (16, 16)](x, B, C, t, h, w, D, N, kh, kw)
 @cuda.jit
-def fused_gather_gemm(x, B, C, t, h, w, D, N):
+def fused_gather_gemm(x, B, C, t, h, w, D, N, kh, kw):
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     m = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
-    M = (h // KH) * (w // KW)
+    M = (h // kh) * (w // kw)
     if m < M and n < N:
         acc = float32(0.0)
-        for k in range(KH * KW * D):
-            # ▼ your code: a = merged[m, k], the frame mean of x at the patch and channel column k stands for
+        for k in range(kh * kw * D):
+            # ▼ your code: a = merged[m, k]
             a = x[m, k]  # placeholder: wrong
             # ▲
             acc += a * B[n, k]
@@ -354,7 +372,6 @@ def fused_gather_gemm(x, B, C, t, h, w, D, N):
 
 result = check("fused_gather_gemm", fused_gather_gemm)
 
-# %% [markdown]
 # ### Worked exercises
 #
 # Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.

@@ -26,11 +26,13 @@
 # 3. **SASS** — the machine code of the hot loop: how many instructions it spends per FMA;
 # 4. **Bank conflicts and coalescing** — the addresses each warp touches, recorded by running the
 #    kernel on the CPU and costed the way the memory system serves them;
-# 5. **Roofline** — FLOPs and bytes at the real (K3) sizes against datasheet peaks.
+# 5. **Roofs** — how long a launch at the real (K3) sizes must take at least: FLOPs at the peak of
+#    its instruction class, DRAM bytes at the datasheet bandwidth, and — from the SASS and the traces —
+#    shared-memory wavefronts at one per clock per SM and warp-instructions at four per clock per SM.
 #
 # Every number below is labelled **model, no GPU**: it comes from the compiler, from the
 # architecture tables of the CUDA C++ Programming Guide, from addresses recorded on the CPU, or
-# from datasheets — never from a measurement. The whole report for every kernel, both backends and
+# from datasheets — never from a measurement. Section 6 works the roofs of one kernel by hand. The whole report for every kernel, both backends and
 # three architectures is one command:
 #
 # ```
@@ -57,7 +59,19 @@ from IPython.display import Image, Markdown, display
 from numba import cuda, float32
 
 from moonvit_kernels.plots import markdown_table
-from moonvit_kernels.xray import arch, build, catalogue, counters, jobs_numba, occupancy, roofline, sass, trace
+from moonvit_kernels.xray import (
+    arch,
+    build,
+    calibration,
+    catalogue,
+    counters,
+    jobs_numba,
+    launch_counts,
+    occupancy,
+    roofline,
+    sass,
+    trace,
+)
 
 t_start = time.perf_counter()
 work = Path(tempfile.mkdtemp(prefix="xray_nb_"))
@@ -118,13 +132,18 @@ display(
 # %% [markdown]
 # ## 2. Occupancy: which resource runs out first
 #
-# An SM holds as many blocks as the scarcest of four resources allows: the register file (65,536
-# registers, handed to each warp in units of 256), shared memory (each block also costs a 1 KiB
-# system reserve), the warp slots (64 per SM; 48 on sm_89) and the block slots (32; 24 on sm_89).
+# An SM holds as many blocks as the scarcest of four resources allows: the register file, shared
+# memory (each block also costs a 1 KiB system reserve), the warp slots (64 per SM; 48 on sm_89) and
+# the block slots (32; 24 on sm_89). The register file is 65,536 registers split into **4
+# sub-partitions** of 16,384; each warp is handed its registers in units of 256, all in one
+# sub-partition. So a sub-partition holds floor(16,384 / registers per warp) warps, an SM four times
+# that — and a block launches only if its warps fit (`moonvit_kernels.launch_rules`, checked against
+# the CUDA occupancy calculator's own header). At 80 registers a warp takes 2,560: 6 per
+# sub-partition, 24 per SM, so at most 768 threads — not the 800 that 80 × 800 ≤ 65,536 suggests.
 # The limits live in one table, `moonvit_kernels.xray.arch`, with their source.
-# GEMM v3 launches 256 threads; with ~96 registers a warp needs 3,072 registers, 21 warps fit,
-# i.e. 2 blocks: **register-limited** at 25 % occupancy — fine for a kernel that keeps a 4×4 tile
-# of accumulators in registers, but worth knowing. The CUDA C flash attention (bf16) is the
+# GEMM v3 launches 256 threads; with ~96 registers a warp needs 3,072 registers, 5 fit in a
+# sub-partition, 20 per SM, i.e. 2 blocks: **register-limited** at 25 % occupancy — fine for a
+# kernel that keeps a 4×4 tile of accumulators in registers, but worth knowing. The CUDA C flash attention (bf16) is the
 # shared-memory example: 87,040 B of tiles per block fit twice into an H100's 228 KiB, only once
 # into an A100's 164 KiB.
 
@@ -160,6 +179,12 @@ display(
     )
 )
 print(arch.SOURCE_LIMITS)
+from moonvit_kernels import launch_rules
+
+print(
+    "80 registers: at most", launch_rules.max_threads_for(80), "threads per block;",
+    "768 fit:", launch_rules.register_problem(80, 768) is None, "| 800:", launch_rules.register_problem(80, 800),
+)  # fmt: skip
 
 # %% [markdown]
 # ## 3. SASS: what a loop costs, instruction by instruction
@@ -188,9 +213,11 @@ for ins in hot.own[:24]:
 # **Why a `range()` loop can cost several times more.** numba types `range(n)` with a signed 64-bit
 # index and Python's semantics, so the compiler must compute 64-bit addresses (`IMAD.WIDE`, pairs of
 # `IADD3`/`LEA` with carries) and keep the wrap-around checks of negative indices (`SEL`, `ISETP`):
-# around twenty integer instructions surround every FFMA. With an unsigned 32-bit index the compiler
-# can prove the index never goes negative, unrolls the loop by 4 and folds the address arithmetic
-# into the loads' immediate offsets — several times fewer instructions per FFMA for the same maths.
+# around twenty integer instructions surround every FFMA. Both versions are unrolled by 4 (the table's
+# main loops hold 4 FFMA each): what differs is the index arithmetic. With an unsigned 32-bit index the
+# compiler can prove the index never goes negative, drops the selects and folds the address arithmetic
+# into the loads' immediate offsets — several times fewer instructions per FFMA (the table's instr /
+# FFMA column) for the same maths.
 # The rewritten hot loops of GEMM v3 and attention v2 are held to ≤ 4 instructions per FFMA by a
 # compile-tier test (`tests/test_xray.py`).
 
@@ -298,8 +325,8 @@ for name in ("gemm_v1", "gemm_v2", "gemm_v3"):
 # with loads in which consecutive lanes read consecutive k: 4 sectors for 128 bytes, perfect.
 # v2's `b_tile` is read "transposed" (`b_tile[tx, kk]`); its row padding (`TILE + 1`) keeps those
 # reads conflict-free. v3 stages BK-deep slabs stored k-major: how its staging stores and register
-# loads fare is in the table (the "Ready for the first GPU" issue found the unpadded version's
-# stores 16-way; every shared access of v3 is held to ≤ 2-way by a test).
+# loads fare is in the table (an unpadded slab layout traced 16-way on its staging stores; every
+# shared access of v3 is held to ≤ 2-way by a test).
 
 # %% [markdown]
 # ### The attention ladder
@@ -321,47 +348,123 @@ for name in ("attention_v1", "attention_v2"):
 # by two rows of the score tile per warp, a broadcast within each half-warp.
 
 # %% [markdown]
-# ## 5. Roofline: where each version sits
+# ## 5. Roofs: what each launch must take at least
 #
-# A kernel can go no faster than its FLOPs at peak compute nor its DRAM bytes at peak bandwidth.
-# `catalogue` holds the FLOP and byte formulas of every kernel at K3 shapes (one 896×896 image,
-# L = 4096 tokens); `roofline` turns them into lower-bound times from datasheet peaks. Points are
-# placed at the intensity of the bytes each version's loads *request* (v1 GEMM re-reads A and B K
-# times per output; tiles divide that by the tile edge), hollow markers at the compulsory intensity
-# (every input read once).
+# A launch can go no faster than any one of the resources it uses allows. `catalogue` holds the FLOP
+# and byte formulas of every kernel at K3 shapes (one 896×896 image, L = 4096 tokens); the roofs of
+# `roofline` turn them — and the SASS — into lower-bound times (**model, no GPU**):
+#
+# | roof | time ≥ | rate (H100/H200) |
+# |---|---|---|
+# | compute | FLOPs / peak of the kernel's instruction class | FFMA 67 TFLOP/s; mma.sync 494.5 (a model: half the wgmma rate, no datasheet gives it); wgmma 989 |
+# | DRAM | compulsory bytes / bandwidth | 3.35 / 4.8 TB/s |
+# | shared | shared-memory wavefronts / (1 per clock per SM × SMs × clock) | 128 B per clock per SM |
+# | issue | warp-instructions / (4 per clock per SM × SMs × clock) | 4 schedulers, 1 instruction each per clock |
+#
+# The last two need the launch's instruction counts. `launch_counts` takes the loops that do the
+# FMAs, scales them until they do the launch's FLOPs (trips = FLOPs / 2 / multiply-adds per trip),
+# and counts their instructions and shared wavefronts (an LDS of one word per lane is one
+# wavefront, LDS.128 or ldmatrix.x4 four, times the conflict factor traced in section 4). It leaves
+# out the staging loops, prologue and epilogue: a lower bound, as a roof must be. The roof that
+# gives the longest time **binds**.
 
 # %%
+h200 = arch.GPUS["H200"]
+
+
+def sass_of(cubin_bytes):
+    return max(sass.disassemble(cubin_bytes), key=lambda f: len(f.instructions))
+
+
+functions = {
+    ("numba", lb): sass_of(by_label[lb].cubin) for lb in ("gemm_v1_none", "gemm_v3_none", "attention_v2_hd128_q32_k16")
+}
+functions[("cuda", "flash_attn_bf16_hd128")] = sass_of(cubin)  # built with NVRTC in section 2
+traces_of = {
+    ("numba", "gemm_v1_none"): traced["gemm_v1"],
+    ("numba", "gemm_v3_none"): traced["gemm_v3"],
+    ("numba", "attention_v2_hd128_q32_k16"): traced["attention_v2"],
+}
 labels = [
-    ("numba", "gemm_v1_none"), ("numba", "gemm_v2_none"), ("numba", "gemm_v3_none"),
-    ("cuda", "gemm_fp32_simt_none"), ("cuda", "gemm_bf16_tc_bf16_none"),
-    ("numba", "attention_v1_hd128_t128"), ("numba", "attention_v2_hd128_q32_k16"),
-    ("cuda", "flash_attn_f32_hd128"), ("cuda", "flash_attn_bf16_hd128"),
-    ("numba", "rmsnorm_kernel_t256"), ("cuda", "rmsnorm_rows_bf16_bf16"),
+    ("numba", "gemm_v1_none"), ("numba", "gemm_v3_none"), ("numba", "attention_v2_hd128_q32_k16"),
+    ("cuda", "flash_attn_bf16_hd128"), ("cuda", "gemm_bf16_sm90_bn128_bf16_none"), ("numba", "rmsnorm_kernel_t256"),
 ]  # fmt: skip
-infos = [catalogue.describe(b, lb) for b, lb in labels]
-rows = []
-for info in infos:
-    bounds = {k: roofline.bound(info, g) for k, g in arch.GPUS.items()}
+points, rows = [], []
+for backend, label in labels:
+    info = catalogue.describe(backend, label)
+    fn = functions.get((backend, label))
+    counts = launch_counts.count(fn, info.flops, info.fma_shares, traces_of.get((backend, label))) if fn else None
+    bd = roofline.bound(info, h200, counts)
+    points.append((info, bd))
+    us = {k: f"{v * 1e6:,.1f}" for k, v in bd.roofs.items()}
+    compute = roofline.COMPUTE_ROOFS[info.peak]
     rows.append(
-        (f"{info.backend}: {info.label}", info.flops / 1e9, info.dram_bytes / 1e6, info.request_bytes / 1e6,
-         round(info.flops / info.dram_bytes, 1), *(f"{bounds[k].seconds * 1e6:.0f} ({bounds[k].limit[0]})" for k in arch.GPUS))
+        (f"{backend}: {label}", f"{compute} {us[compute]}", us["DRAM"], us.get("shared", "no SASS here"),
+         us.get("issue", "-"), f"**{bd.seconds * 1e6:,.1f}**", bd.limit)
     )  # fmt: skip
 display(
     Markdown(
-        "Lower-bound time per launch in µs (c = compute-bound, m = memory-bound), datasheet peaks, model, no GPU\n\n"
-        + markdown_table(("kernel", "GFLOP", "DRAM MB", "requested MB", "FLOP/B", *arch.GPUS), rows)
+        "Lower bounds per launch on an H200 in µs, K3 shapes (model, no GPU)\n\n"
+        + markdown_table(("kernel", "compute", "DRAM", "shared", "issue", "bound", "binds"), rows)
     )
 )
-png = roofline.plot(infos, arch.GPUS["H200"], work / "roofline_H200.png")
+png = roofline.plot(points, h200, work / "roofline_H200.png")
 display(Image(filename=str(png)))
+print(calibration.results_files() or calibration.NO_GPU_RUN)
 
 # %% [markdown]
-# Reading it: every fp32 GEMM is compute-bound at K3 sizes (its compulsory intensity is hundreds of
-# FLOP per byte) and its floor is ~0.5 ms on an H200 at the fp32 SIMT peak; the bf16 tensor-core
-# GEMM's floor is 15× lower. As written, GEMM v1 requests 2·K loads per output and would sit far on
-# the memory side if caches did not catch the re-reads; tiling moves the points right. Attention is
-# compute-bound once K and V tiles are reused across a query tile (v2, flash); v1 re-reads them per
-# query row. RMSNorm is memory-bound whatever one does: its floor is the time to stream x in and out.
+# Reading it: the fp32 GEMMs and attention are not FLOP-bound at all — **shared memory binds**.
+# GEMM v3 issues one single-word shared load per two FFMAs, and an SM serves one wavefront per clock
+# while it retires four warp-FFMAs: twice the FFMA roof. Attention v2's QK loop reads both q and k
+# from shared memory for every FFMA, six times its FFMA roof. The tensor-core flash attention
+# (mma.sync) reads K and V with `ldmatrix.x4` — 64 of them (4 wavefronts each) per 128 MMAs per warp
+# and key tile — and is held by shared memory too, just above its mma.sync roof; measured against the
+# wgmma peak it could never reach, its bound would have been half as long. The Hopper GEMM is not
+# compiled here (the X-ray report has its SASS); its wgmma reads operands through matrix
+# descriptors, which the shared roof does not count, and its wgmma roof binds. GEMM v1 has no
+# shared memory but so many instructions per FFMA that issue binds. RMSNorm streams x in and out:
+# DRAM. (Triangles in the picture: each kernel's own
+# shared-memory roof; crosses: its issue roof.) Section 6 takes one of them apart by hand.
+
+# %% [markdown]
+# ## 6. One kernel's roofs by hand: GEMM v3 at the wqkv shape
+#
+# The hot loop of GEMM v3 (section 3) is one trip of 8 k-steps: 128 FFMAs, 64 single-word LDS. The
+# launch multiplies M × N × K = 4096 × 4608 × 1024 pairs, 32 per warp-FFMA. Everything else
+# follows from the SASS and the trace:
+
+# %%
+info = catalogue.describe("numba", "gemm_v3_none")
+M, N, K, _ = catalogue.GEMM_SHAPES["none"]
+fn = functions[("numba", "gemm_v3_none")]
+(kloop,) = fn.fma_loops
+lds = [i for i in kloop.own if i.opcode == "LDS"]
+assert all(launch_counts.wavefronts(i) == 1 for i in lds)  # single-word loads: one wavefront each, conflict-free
+load_factor, _ = launch_counts.conflict_factors(traced["gemm_v3"])  # traced in section 4
+trips = M * N * K / 32 / kloop.fmas
+sm_clocks = h200.sms * h200.clock_hz  # SM-clocks per second of the whole GPU
+by_hand = {
+    "FFMA": 2 * M * N * K / h200.fp32_flops,
+    "DRAM": info.dram_bytes / h200.dram_bytes_per_s,
+    "shared": trips * len(lds) * load_factor / (1 * sm_clocks),
+    "issue": trips * kloop.size / (4 * sm_clocks),
+}
+print(f"hot loop: {kloop.size} instructions, {kloop.fmas} FFMA, {len(lds)} LDS per trip; {trips:.3g} trips per launch")
+print(f"traced conflict factor of its shared loads: {load_factor:.2f}; clock {h200.clock_hz / 1e9:.2f} GHz (model)")
+for roof, t in by_hand.items():
+    print(f"  {roof:6s} {t * 1e6:8.1f} µs")
+model = roofline.bound(info, h200, launch_counts.count(fn, info.flops, trace=traced["gemm_v3"]))
+assert all(abs(model.roofs[r] - t) <= 1e-9 * t for r, t in by_hand.items())
+print(f"roofline.bound agrees: {model.seconds * 1e6:.1f} µs, bound by {model.limit} (model, no GPU)")
+
+# %% [markdown]
+# Per FFMA the loop spends 64 / 128 = 0.5 wavefronts, and shared memory serves 1 per clock per SM
+# while the FP32 units retire 4 warp-FFMAs per clock: shared memory needs 2 clocks where the FFMAs
+# need 1. Issue comes next: 199 / 128 ≈ 1.55 instructions per FFMA against 4 issue slots. DRAM is
+# 50× further down: at K3 sizes a tiled GEMM never waits for memory. The fix the roofs point to is
+# a bigger register tile — each thread loading more values per k-step and reusing them more — not
+# fewer FLOPs. Until a GPU run exists (`gpu_check`, then `calibration` puts measured rates beside
+# these bounds), these are bounds, not predictions.
 
 # %% [markdown]
 # ## Exercises
@@ -369,14 +472,19 @@ display(Image(filename=str(png)))
 # 1. A 32×32 tile is read by columns. With a row stride of 32 words that is 32-way; 33 makes it
 #    conflict-free. What does a stride of 34 cost, and why? Predict, then check with `counters`.
 # 2. GEMM v3 runs 256 threads. What is the largest register count per thread that still fits
-#    **three** blocks on an sm_90 SM? (Registers go to warps in units of 256.)
+#    **three** blocks on an sm_90 SM? (Registers go to warps in units of 256, and each of the 4
+#    sub-partitions holds 16,384.)
 # 3. Your turn: write a kernel in which each lane reads `src[tid * 2]` and trace it with
 #    `trace.run_traced`: how many sectors does one request touch, and how many would hold the data?
+# 4. Suppose GEMM v3's threads each owned an 8×8 tile of C: every k-step loads 8 + 8 single words
+#    and does 64 FFMAs. What would its shared roof be at the wqkv shape on an H200, and which roof
+#    would bind?
 
 # %%
 # 1. stride 34 words: bank = 34·i mod 32 = 2·i mod 32, so 16 banks each hold two of the words -> 2 wavefronts
 assert counters.wavefronts(counters.strided(4 * 34)) == (2, 1)
-# 2. three blocks = 24 warps; 65,536 / 24 = 2,730 registers per warp, rounded down to 256s: 2,560 = 80 per thread
+# 2. three blocks = 24 warps = 6 per sub-partition; 16,384 / 6 = 2,730 registers per warp, rounded down to
+#    256s: 2,560 = 80 per thread
 assert occupancy.occupancy("sm_90", 256, 80).blocks_per_sm == 3
 assert occupancy.occupancy("sm_90", 256, 81).blocks_per_sm == 2
 
@@ -397,4 +505,8 @@ out = np.zeros(32, np.float32)
 ]
 assert (load.per_request, load.ideal / load.requests) == (8, 4)
 np.testing.assert_array_equal(out, src[::2])
+# 4. 16 wavefronts per 64 FFMA = 0.25 per warp-FFMA; shared memory serves 1 per clock, the FFMAs retire 4:
+#    the shared roof equals the FFMA roof (577 µs), so neither binds alone: the two tie.
+shared_8x8 = (M * N * K / 32) * (16 / 64) / sm_clocks
+assert abs(shared_8x8 - by_hand["FFMA"]) < 1e-9 * shared_8x8 and shared_8x8 < by_hand["shared"] / 1.9
 print(f"notebook ran in {time.perf_counter() - t_start:.0f} s on the CPU (model, no GPU)")

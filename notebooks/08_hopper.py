@@ -605,14 +605,32 @@ elif cubins:
 #   memory system, which only a GPU measures (`gpu_check` times both generations against cuBLAS).
 
 # %% [markdown]
+# ## Predicted, and measured
+#
+# What the X-ray (notebook 07) predicts for this stage's kernels at K3 shapes: the roofline on the H200's
+# datasheet peaks — the time floor from the traffic no tiling can avoid, and the bound of each kernel as
+# written (its global loads as requested). Model, no GPU: floors, not timings. Once a `gpu_check` report
+# from a real GPU is committed under `benchmarks/results/`, its measurements appear beside them.
+
+# %%
+from IPython.display import Markdown, display
+
+from moonvit_kernels.plots import markdown_table, prediction_rows
+
+header, rows, note = prediction_rows("08")
+display(Markdown(markdown_table(header, rows)))
+print(note)
+
+# %% [markdown]
 # ## Exercises
 #
 # ### Your turn: write the kernel
 #
 # Two small numba kernels about the layouts above, each with a gap between `▼` and `▲`.
-# `check(name, kernel)` runs yours (on the CUDA simulator without a GPU) against NumPy — written from the
-# PTX ISA's figures, not from the kernels — and says which outputs are wrong. As committed, the checks
-# report failures; that is expected. `solution("swizzle_128b")` prints a solution.
+# `check(name, kernel)` runs yours (on the CUDA simulator without a GPU) on two cases against NumPy —
+# written from the PTX ISA's figures, not from the kernels — and says which outputs are wrong. As committed,
+# the checks report failures; that is expected. A failing check shows a first hint; `hint("swizzle_128b")`
+# shows them all, `solution("swizzle_128b")` prints a solution.
 #
 # **A.** The 128-byte swizzle. Thread `r` writes, for each element `k` (0…63) of row `r` of a bf16 tile
 # with 128-byte rows starting at `base` (a multiple of 1024), the shared-memory byte address where TMA
@@ -620,10 +638,10 @@ elif cubins:
 # The placeholder writes the plain, unswizzled address.
 
 # %%
-# YOUR TURN: swizzle_128b — launched by check() as swizzle_128b[1, 32](base, out), out [21 rows, 64 columns] int32
+# YOUR TURN: swizzle_128b — launched by check() as swizzle_128b[1, 32](base, out), out [rows, 64 columns] int32
 from numba import cuda
 
-from moonvit_kernels.exercises import check, solution
+from moonvit_kernels.exercises import check, hint, solution
 
 
 @cuda.jit
@@ -648,7 +666,7 @@ result = check("swizzle_128b", swizzle_128b)
 
 
 # %%
-# YOUR TURN: wgmma_desc — launched by check() as wgmma_desc[1, 32](params, out), params [31, 4], out [31, 4] int32
+# YOUR TURN: wgmma_desc — launched by check() as wgmma_desc[1, 32](params, out), params [n, 4], out [n, 4] int32
 @cuda.jit
 def wgmma_desc(params, out):
     i = cuda.grid(1)  # one thread per descriptor

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 FP32_EPS = float(np.finfo(np.float32).eps)
@@ -38,3 +40,57 @@ def random_pixels(grid_thws, patch_size: int, seed: int = 0, dtype=np.float32) -
     L = int(np.sum(np.prod(np.asarray(grid_thws), axis=1)))
     r = np.random.default_rng(seed)
     return (r.standard_normal((L, 3, patch_size, patch_size)) * 0.7 + r.uniform(-0.3, 0.3)).astype(dtype)
+
+
+@contextlib.contextmanager
+def file_size_limit(nbytes: int):
+    """A disk that fills up: `ulimit -f` for this process (RLIMIT_FSIZE, SIGXFSZ ignored), so that a
+    write taking any file past `nbytes` fails with OSError (EFBIG), as a full disk fails with ENOSPC."""
+    import resource
+    import signal
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def snapshot(folder) -> dict:
+    """Every file below `folder` (hidden ones too): relative path -> bytes."""
+    from pathlib import Path
+
+    root = Path(folder)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@contextlib.contextmanager
+def read_only_folder(folder):
+    """`folder` made so that nobody can write in it: chmod 555, or for root (who ignores modes) the
+    immutable attribute; pytest skips (saying why) where neither works."""
+    import subprocess
+
+    import pytest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o555)
+    immutable = False
+    try:
+        (folder / ".probe").touch()
+    except OSError:
+        pass
+    else:
+        (folder / ".probe").unlink()
+        immutable = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+        if not immutable:
+            folder.chmod(0o755)
+            pytest.skip("cannot make a read-only folder here (root, and no chattr)")
+    try:
+        yield folder
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o755)

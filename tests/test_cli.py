@@ -1,5 +1,6 @@
 """The command line end to end on bundled data: exit codes, files written, one-line errors."""
 
+import json
 import os
 import subprocess
 import sys
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_close, fp32_rtol
+from helpers import assert_close, file_size_limit, fp32_rtol, read_only_folder, snapshot
 from PIL import Image
 
 from moonvit_kernels import cli
@@ -235,6 +236,7 @@ def test_golden_default_inputs_and_float64(tmp_path, capsys):
         "config.json",
         "extras.npz",
         "inputs.npz",
+        "provenance.json",
         "stages_float32.npz",
         "stages_float64.npz",
     ]
@@ -262,7 +264,7 @@ def test_golden_default_inputs_and_float64(tmp_path, capsys):
         assert f"`{name}`" in readme, name
     assert "layer_i [L, D]" in readme and "i = 0 .. 1" in readme
     assert VisionConfig.from_json(out / "config.json") == config
-    assert capsys.readouterr().out.count("wrote ") == 6
+    assert capsys.readouterr().out.count("wrote ") == 7
 
 
 def test_golden_from_an_image(tmp_path, second_image):
@@ -361,3 +363,236 @@ def test_missing_bundled_data_says_how_to_get_it(monkeypatch):
     with pytest.raises(cli.CLIError) as e:  # a user's own missing checkpoint gets no reinstall hint
         cli.load_checkpoint_or_fail(Path("/nonexistent/mine"))
     assert "reinstall" not in str(e.value)
+
+
+# ============================================================================ outputs: atomic, checked first, as named
+@pytest.fixture
+def no_compute(monkeypatch):
+    """Fail the test if the model is built: the checks under test must come before any compute."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was built before the output was checked")
+
+    monkeypatch.setattr(cli, "make_model", refuse)
+
+
+def test_encode_writes_exactly_the_file_named(tmp_path, small_image, capsys):
+    out = tmp_path / "emb.out"
+    assert cli.main(["encode", str(small_image), "--backend", "numpy", "--out", str(out), "--quiet"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["emb.out"]  # not emb.out.npz, no temporary left
+    assert capsys.readouterr().out.strip().endswith(f"wrote {out}")
+    with np.load(out) as data:
+        assert data["image_0"].shape == (1, 40) and data["sources"].tolist() == [str(small_image)]
+
+
+def test_encode_checks_its_output_before_computing(tmp_path, small_image, capsys, no_compute):
+    (tmp_path / "plain").write_text("a file, not a folder")
+    bad = tmp_path / "plain" / "emb.npz"
+    assert cli.main(["encode", str(small_image), "--backend", "numpy", "--out", str(bad), "--quiet"]) == 2
+    assert f"{bad}: cannot write there: {tmp_path / 'plain'} is a file, not a folder" in error_line(capsys)
+    assert cli.main(["encode", str(small_image), "--backend", "numpy", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "is a folder, not a file" in error_line(capsys)
+    with read_only_folder(tmp_path / "ro") as folder:
+        assert cli.main(["encode", str(small_image), "--out", str(folder / "emb.npz"), "--quiet"]) == 2
+        assert f"cannot write in {folder}" in error_line(capsys)
+
+
+def test_encode_checks_every_image_before_computing(tmp_path, small_image, capsys, no_compute):
+    frames = [Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)) for i in range(2)]
+    frames[0].save(tmp_path / "anim.gif", save_all=True, append_images=frames[1:])
+    for bad, reason in [(tmp_path, "is a folder, not an image file"), (tmp_path / "anim.gif", "holds 2 frames")]:
+        assert cli.main(["encode", str(small_image), str(bad), "--out", str(tmp_path / "e.npz"), "--quiet"]) == 2
+        line = error_line(capsys)
+        assert str(bad) in line and reason in line
+
+
+def test_encode_with_a_full_disk_keeps_the_earlier_file(tmp_path, small_image, second_image, capsys):
+    out = tmp_path / "emb.npz"
+    assert cli.main(["encode", str(small_image), "--backend", "numpy", "--out", str(out), "--quiet"]) == 0
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    argv = ["encode", str(second_image), str(small_image), "--backend", "numpy", "--out", str(out), "--quiet"]
+    with file_size_limit(len(before["emb.npz"]) + 512):  # the new file (two images) does not fit
+        assert cli.main(argv) == 2
+    line = error_line(capsys)
+    assert f"cannot write {out}" in line and "File too large" in line
+    assert snapshot(tmp_path) == before  # the earlier file intact, no temporary left
+
+
+def test_encode_streams_one_image_at_a_time(tmp_path, small_image, second_image, monkeypatch):
+    """Memory independent of the number of files: each image is preprocessed, encoded and written
+    before the next is read (counted: at most one preprocessed image alive at any time)."""
+    import weakref
+
+    from moonvit_kernels import preprocess
+
+    real = preprocess.preprocess_images
+    alive, most = [0], [0]
+
+    def counted(*args, **kwargs):
+        item = real(*args, **kwargs)
+        alive[0] += 1
+        most[0] = max(most[0], alive[0])
+        weakref.finalize(item, lambda: alive.__setitem__(0, alive[0] - 1))
+        return item
+
+    monkeypatch.setattr(preprocess, "preprocess_images", counted)
+    images = [str(small_image), str(second_image)] * 3
+    out = tmp_path / "e.npz"
+    assert (
+        cli.main(["encode", *images, "--backend", "numpy", "--out", str(out), "--in-patch-limit", "64", "--quiet"]) == 0
+    )
+    assert most[0] == 1
+    with np.load(out) as data:
+        assert data["grid_thws"].shape == (6, 3) and data["sources"].tolist() == images
+        np.testing.assert_array_equal(data["image_0"], data["image_2"])
+
+
+def test_demo_checks_its_output_before_computing(tmp_path, capsys, no_compute):
+    (tmp_path / "plain").write_text("x")
+    assert cli.main(["demo", "--out", str(tmp_path / "plain" / "pictures")]) == 2
+    assert "is a file, not a folder" in error_line(capsys)
+
+
+def test_demo_crop_of_a_one_pixel_image():
+    assert cli.demo_crop_box(1, 1) == (0, 0, 1, 1)
+    assert cli.demo_crop_box(256, 300) == (64, 37, 192, 165)  # the bundled photograph: as before
+
+
+def test_a_decompression_bomb_is_one_error_line(tmp_path, small_image, capsys, monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 16)  # the 8x8 image: 64 pixels, past twice 16
+    assert cli.main(["encode", str(small_image), "--out", str(tmp_path / "e.npz"), "--quiet"]) == 2
+    line = error_line(capsys)
+    assert str(small_image) in line and "decompression bomb" in line
+
+
+# ============================================================================ golden: provenance, no stale files
+def test_golden_removes_files_of_an_earlier_run_and_records_provenance(tmp_path, capsys):
+    out = tmp_path / "g"
+    assert cli.main(["golden", "--out", str(out), "--float64"]) == 0
+    assert (out / "stages_float64.npz").is_file()
+    (out / "notes.txt").write_text("the user's own file")
+    assert cli.main(["golden", "--out", str(out)]) == 0  # same checkpoint and inputs, no float64 this time
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [
+        "README.md",
+        "config.json",
+        "extras.npz",
+        "inputs.npz",
+        "notes.txt",
+        "provenance.json",
+        "stages_float32.npz",
+    ]
+    provenance = json.loads((out / "provenance.json").read_text())
+    made_with = provenance["made_with"]
+    assert made_with["checkpoint"] and made_with["config"] and made_with["inputs"]
+    assert sorted(provenance["files"]) == [n for n in names if n not in ("notes.txt", "provenance.json")]
+    cli.check_golden(out)
+    (out / "extras.npz").write_bytes((out / "inputs.npz").read_bytes())  # a file from elsewhere
+    with pytest.raises(ValueError, match=r"extras\.npz: not the file .*provenance\.json"):
+        cli.check_golden(out)
+
+
+def test_golden_refuses_a_folder_made_from_other_weights(tmp_path, capsys, no_compute):
+    out = tmp_path / "g"
+    out.mkdir()
+    other = tmp_path / "other"
+    save_checkpoint(other, random_weights(VisionConfig.tiny(), seed=8), VisionConfig.tiny())
+    made_with = {"checkpoint": "0" * 64, "config": "1" * 64, "inputs": "2" * 64, "preprocess": None}
+    (out / "provenance.json").write_text(json.dumps({"format": cli.GOLDEN_FORMAT, "made_with": made_with}))
+    (out / "stages_float64.npz").write_bytes(b"an earlier run")
+    assert cli.main(["golden", "--out", str(out), "--weights", str(other)]) == 2
+    line = error_line(capsys)
+    assert str(out) in line and "checkpoint" in line and "--overwrite" in line
+    (out / "provenance.json").unlink()  # golden files without provenance: an unknown earlier run
+    assert cli.main(["golden", "--out", str(out), "--weights", str(other)]) == 2
+    assert "--overwrite" in error_line(capsys)
+
+
+def test_golden_overwrite_replaces_everything(tmp_path):
+    out = tmp_path / "g"
+    assert cli.main(["golden", "--out", str(out), "--float64"]) == 0
+    other = tmp_path / "other"
+    save_checkpoint(other, random_weights(VisionConfig.tiny(), seed=8), VisionConfig.tiny())
+    assert cli.main(["golden", "--out", str(out), "--weights", str(other), "--overwrite"]) == 0
+    assert not (out / "stages_float64.npz").exists()
+    cli.check_golden(out)
+
+
+def test_golden_with_a_full_disk_keeps_the_earlier_folder(tmp_path, capsys):
+    out = tmp_path / "g"
+    assert cli.main(["golden", "--out", str(out)]) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    with file_size_limit(4096):
+        assert cli.main(["golden", "--out", str(out), "--float64"]) == 2
+    assert "File too large" in error_line(capsys)
+    assert snapshot(out) == before
+
+
+def test_golden_checks_its_output_before_computing(tmp_path, capsys, monkeypatch):
+    from moonvit_kernels import reference
+
+    monkeypatch.setattr(reference, "vision_forward", lambda *a, **k: pytest.fail("computed first"))
+    (tmp_path / "plain").write_text("x")
+    assert cli.main(["golden", "--out", str(tmp_path / "plain")]) == 2
+    assert "is a file, not a folder" in error_line(capsys)
+
+
+# ============================================================================ configs and checkpoints: bounded, named
+def test_a_config_with_a_billion_layers_fails_at_once(tmp_path, capsys, monkeypatch):
+    from moonvit_kernels import weights as W
+
+    real = W.expected_shapes
+    monkeypatch.setattr(
+        W, "expected_shapes", lambda c: real(c) if c.vt_num_hidden_layers < 1000 else pytest.fail("unbounded")
+    )
+    config = VisionConfig.tiny()
+    save_checkpoint(tmp_path / "ck", random_weights(config, seed=2), config)
+    raw = json.loads((tmp_path / "ck" / "config.json").read_text())
+    raw["vision_config"]["vt_num_hidden_layers"] = 10**9
+    (tmp_path / "ck" / "config.json").write_text(json.dumps(raw))
+    assert cli.main(["info", str(tmp_path / "ck")]) == 1
+    out = capsys.readouterr().out
+    assert "matches its config: NO" in out and "vt_num_hidden_layers=1000000000 but the checkpoint holds 2" in out
+    assert cli.main(["run", "--weights", str(tmp_path / "ck")]) == 2
+    assert "vt_num_hidden_layers=1000000000" in error_line(capsys)
+
+
+def test_info_names_a_dtype_the_loader_cannot_read(tmp_path, capsys):
+    config = VisionConfig.tiny()
+    weights = random_weights(config, seed=2)
+    save_checkpoint(tmp_path / "ck", weights, config)
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(tmp_path / "ck" / "model.safetensors"))
+    tensors["vision_tower.encoder.final_layernorm.weight"] = np.ones(32, np.int8)
+    save_file(tensors, str(tmp_path / "ck" / "model.safetensors"))
+    assert cli.main(["info", str(tmp_path / "ck")]) == 1
+    out = capsys.readouterr().out
+    assert "matches its config: NO" in out and "final_layernorm.weight has dtype I8" in out
+    assert cli.main(["run", "--weights", str(tmp_path / "ck")]) == 2
+    assert "dtype I8" in error_line(capsys)
+
+
+@pytest.mark.parametrize("command", ["info", "run", "encode"])
+def test_broken_checkpoint_files_are_one_error_line(tmp_path, capsys, command, small_image):
+    config = VisionConfig.tiny()
+    save_checkpoint(tmp_path / "index", random_weights(config, seed=2), config, shards=2)
+    (tmp_path / "index" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": [["a", "b"]]}))
+    save_checkpoint(tmp_path / "folder", random_weights(config, seed=2), config)
+    (tmp_path / "folder" / "config.json").unlink()
+    (tmp_path / "folder" / "config.json").mkdir()
+    for ck, reason in [("index", "weight_map must map tensor names"), ("folder", "is a folder")]:
+        argv = {
+            "info": ["info", str(tmp_path / ck)],
+            "run": ["run", "--weights", str(tmp_path / ck)],
+            "encode": ["encode", str(small_image), "--weights", str(tmp_path / ck), "--out", str(tmp_path / "e.npz")],
+        }[command]
+        rc = cli.main(argv)
+        if command == "info" and ck == "folder":  # info still lists the tensors; the config is named unusable
+            assert rc == 0 and "config: none usable" in capsys.readouterr().out
+            continue
+        assert rc == 2
+        line = error_line(capsys)
+        assert reason in line and str(tmp_path / ck) in line

@@ -68,7 +68,7 @@ def test_checker_reports_compile_errors_and_register_overflow():
     script = textwrap.dedent(
         """
         import json
-        from numba import cuda, float32
+        from moonvit_kernels.numba_backend._cuda import cuda, float32
         from moonvit_kernels.numba_backend.compile_check import check_kernel
 
         def bad_types(out):

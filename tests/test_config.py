@@ -160,6 +160,8 @@ REJECTIONS = [
     ({"vit_norm_eps": -1e-6}, r"vit_norm_eps"),
     ({"vit_norm_eps": float("nan")}, r"vit_norm_eps"),
     ({"vit_norm_eps": float("inf")}, r"vit_norm_eps"),
+    # no tensor bounds the frame count; the sin/cos table [init_pos_emb_time, D] is built per forward
+    ({"init_pos_emb_time": 10**7}, r"init_pos_emb_time=10000000 .*at most 1024"),
 ]
 
 
@@ -179,6 +181,33 @@ def test_from_dict_rejects_non_configs():
         VisionConfig.from_dict({"hidden_size": 7168, "vocab_size": 163840})
     with pytest.raises(ValueError, match="'vision_config' entry is not a dict"):
         VisionConfig.from_dict({"vision_config": None})
+
+
+def test_a_config_file_must_state_every_key_of_the_released_config(tmp_path):
+    """A checkpoint's config.json that leaves a size out is refused naming the key; K3's value is not assumed."""
+    for missing in ("text_hidden_size", "vt_num_hidden_layers", "init_pos_emb_time", "merge_kernel_size"):
+        path = tmp_path / f"{missing}.json"
+        path.write_text(json.dumps({"vision_config": {k: v for k, v in K3_VISION_CONFIG.items() if k != missing}}))
+        with pytest.raises(ValueError, match=rf"{path}: .*lacks {missing}\b"):
+            VisionConfig.from_json(path)
+    path = tmp_path / "two.json"
+    two = {k: v for k, v in K3_VISION_CONFIG.items() if k not in ("patch_size", "qkv_hidden_size")}
+    path.write_text(json.dumps(two))
+    with pytest.raises(ValueError, match="lacks patch_size, qkv_hidden_size"):
+        VisionConfig.from_json(path)
+    # vit_norm_eps is not in the released config (the source hard-codes it): its default is the source's
+    assert "vit_norm_eps" not in K3_VISION_CONFIG
+    # in code, defaults stay available
+    assert VisionConfig.from_dict(two).patch_size == 14
+
+
+def test_a_config_json_that_is_not_a_readable_file_is_named(tmp_path):
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'folder.json'}: .*folder"):
+        VisionConfig.from_json(tmp_path / "folder.json")
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'binary.json'}: not valid JSON"):
+        VisionConfig.from_json(tmp_path / "binary.json")
 
 
 def test_config_is_frozen():

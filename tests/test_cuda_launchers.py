@@ -128,7 +128,7 @@ def cp(monkeypatch):
     fake = FakeCupy()
     monkeypatch.setattr(launchers, "_cupy", lambda: fake)
     monkeypatch.setattr(kcuda, "compile_options", lambda major=None: ("--std=c++17", "-ftz=true", f"-I/cuda{major}"))
-    names = ("_compute_capability", "_optin_smem", "_nvrtc_major", "_module", "_kernel")
+    names = ("_cached_capability", "_cached_optin_smem", "_cached_nvrtc_major", "_module", "_kernel")
     caches = [getattr(launchers, n) for n in names if hasattr(launchers, n)]
     for c in caches:
         c.cache_clear()

@@ -135,8 +135,13 @@ def test_encode_dataset_matches_single_process_and_resumes(local_ray, images, tm
     after = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.parquet")}
     assert {n for n in after if after[n] != before.get(n)} == {"shard-00002.parquet"}
     regot = dataset.read_embeddings(out)
-    for name in expected:
-        np.testing.assert_array_equal(regot[name], got[name])
+    redone = set(pq.read_table(out / "shard-00002.parquet", columns=["id"])["id"].to_pylist())
+    for name in expected:  # the redone shard's images were packed otherwise this time: fp32 rounding differs
+        if name in redone:
+            np.testing.assert_allclose(regot[name], expected[name], rtol=1e-5, atol=1e-5, err_msg=name)
+        else:
+            np.testing.assert_array_equal(regot[name], got[name])
+    assert (out / "provenance.json").is_file() and manifest["made_with"]["rows_per_shard"] == ROWS_PER_SHARD
     manifest = json.loads((out / "manifest.json").read_text())
     assert [s["status"] for s in manifest["shards"]].count("written") == 1
     print(f"\nencode-dataset, CPU numpy backend, local Ray 2 CPUs: {N_IMAGES} images in {first_seconds:.1f} s")
@@ -240,7 +245,7 @@ def test_decode_row_records_reasons_instead_of_raising(images):
     missing = dataset.decode_row({**base, "path": str(images / "missing.png")}, CONFIG)
     assert "no such image file" in missing["error"] and missing["pixels"] == b""
     garbage = dataset.decode_row({**base, "path": "", "data": b"not an image"}, CONFIG)
-    assert garbage["error"].startswith("UnidentifiedImageError")
+    assert "cannot read as an image (UnidentifiedImageError" in garbage["error"]
     ok = dataset.decode_row({**base, "path": str(images / RGBA)}, resolve_settings(CONFIG, in_patch_limit=16))
     limited = preprocess_images(images / RGBA, CONFIG, in_patch_limit=16)
     assert ok["error"] == "" and [ok["t"], ok["h"], ok["w"]] == limited.grid_thws[0].tolist()
@@ -249,8 +254,12 @@ def test_decode_row_records_reasons_instead_of_raising(images):
 
 
 def test_a_shard_made_with_other_settings_is_redone(tmp_path):
+    from moonvit_kernels import provenance
+
     sources = [dataset.Source(f"img{i}", "") for i in range(3)]
-    (shard,) = dataset.plan_shards(sources, 4, "settings A")
+    made_with = {"settings": "A"}
+    provenance.write(tmp_path, {"format": dataset.FORMAT, "made_with": made_with})
+    (shard,) = dataset.plan_shards(sources, 4, provenance.digest_json(made_with))
     (other,) = dataset.plan_shards(sources, 4, "settings B")
     assert not dataset.shard_is_done(tmp_path, shard)
     row = {
@@ -279,9 +288,145 @@ def test_missing_ray_says_how_to_install(monkeypatch):
         dataset.require_ray()
 
 
-def test_remote_weights_are_named_not_resolved():
+def test_remote_weights_are_recognised():
     assert dataset.is_remote("hf://org/repo@main") and dataset.is_remote("https://host/ckpt/")
     assert not dataset.is_remote(TINY_DIR) and not dataset.is_remote("ckpt/hf")
-    assert dataset.weights_identity("hf://org/repo") == {"path": "hf://org/repo"}
-    local = dataset.weights_identity(TINY_DIR)
-    assert local["files"]["config.json"] > 0 and local["files"]["model.safetensors"] > 0
+
+
+# ============================================================================ provenance (no Ray needed)
+def fake_row(index: int, image_id: str) -> dict:
+    values = np.random.default_rng(index).standard_normal(40).astype(np.float32)
+    return {
+        "index": index,
+        "id": image_id,
+        "path": "",
+        "width": 5,
+        "height": 6,
+        "t": 1,
+        "h": 2,
+        "w": 2,
+        "num_tokens": 1,
+        "dtype": "float32",
+        "embedding": values.tobytes(),
+        "error": "",
+    }
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Ray must not start: the checks under test come first. A stand-in pipeline writes fake rows."""
+    monkeypatch.setattr(dataset, "init_ray", lambda *a, **k: pytest.fail("Ray was started"))
+
+    def pipeline(ray, sources, pending, out, *args, **kwargs):
+        written = {}
+        for s in pending:
+            rows = [fake_row(i, sources[i].id) for i in range(s.start, s.stop)]
+            written[s.number] = dataset.write_shard(out, s, rows, 40)
+        return written, ["fake"]
+
+    monkeypatch.setattr(dataset, "_run_pipeline", pipeline)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # the stand-in needs no Ray
+
+
+def encode(images, out, weights=TINY_DIR, **kwargs):
+    return dataset.encode_dataset(images, weights, out, backend="numpy", progress=False, **kwargs)
+
+
+def test_an_output_folder_made_with_other_settings_is_refused(images, tmp_path, no_ray):
+    out = tmp_path / "out"
+    encode(images, out, rows_per_shard=8)
+    record = json.loads((out / "provenance.json").read_text())
+    assert record["made_with"]["rows_per_shard"] == 8 and record["made_with"]["checkpoint"]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ValueError, match=r"another rows_per_shard 8 -> 3.*--overwrite"):
+        encode(images, out, rows_per_shard=3)
+    with pytest.raises(ValueError, match=r"another preprocess \(in_patch_limit 65536 -> 64\)"):
+        encode(images, out, rows_per_shard=8, in_patch_limit=64)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # refused before anything was touched
+    summary = encode(images, out, rows_per_shard=3, overwrite=True)
+    assert summary.written_shards == 10 and len(list(out.glob("shard-*.parquet"))) == 10
+    assert len(dataset.read_embeddings(out)) == N_IMAGES
+
+
+def test_a_checkpoint_resaved_in_place_is_another_provenance(images, tmp_path, no_ray):
+    from moonvit_kernels.weights import random_weights, save_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(ckpt, random_weights(CONFIG, seed=1), CONFIG)
+    out = tmp_path / "out"
+    encode(images, out, weights=ckpt, rows_per_shard=8)
+    save_checkpoint(ckpt, random_weights(CONFIG, seed=2), CONFIG)  # same names, shapes, file sizes
+    with pytest.raises(ValueError, match=r"made with another checkpoint"):
+        encode(images, out, weights=ckpt, rows_per_shard=8)
+
+
+def test_fewer_sources_leave_no_stale_shards(images, tmp_path, no_ray):
+    out = tmp_path / "out"
+    encode(images, out, rows_per_shard=8)  # 4 shards
+    few = tmp_path / "few"
+    few.mkdir()
+    for p in sorted(images.iterdir())[:10]:
+        (few / p.name).write_bytes(p.read_bytes())
+    encode(few, out, rows_per_shard=8)
+    assert sorted(p.name for p in out.glob("shard-*.parquet")) == ["shard-00000.parquet", "shard-00001.parquet"]
+    assert sorted(dataset.read_embeddings(out)) == sorted(p.name for p in few.iterdir() if p.suffix != ".txt")
+
+
+def test_reading_a_folder_checks_its_provenance(images, tmp_path, no_ray):
+    out = tmp_path / "out"
+    encode(images, out, rows_per_shard=8)
+    stranger = tmp_path / "stranger"
+    encode(images, stranger, rows_per_shard=8, in_patch_limit=64)
+    (out / "shard-00001.parquet").write_bytes((stranger / "shard-00001.parquet").read_bytes())
+    with pytest.raises(ValueError, match=r"shard-00001\.parquet: made with other settings than .*provenance\.json"):
+        dataset.read_embeddings(out)
+    (out / "provenance.json").unlink()
+    with pytest.raises(ValueError, match=r"no provenance\.json"):
+        dataset.read_embeddings(out)
+    with pytest.raises(ValueError, match=r"without provenance\.json.*--overwrite"):
+        encode(images, out, rows_per_shard=8)
+
+
+def test_a_misshaped_checkpoint_is_one_error_line_before_ray_starts(images, tmp_path, capsys, no_ray):
+    from moonvit_kernels.cli import main
+    from moonvit_kernels.weights import random_weights, save_checkpoint
+
+    wrong = random_weights(CONFIG.replace(vt_intermediate_size=48), seed=3)
+    save_checkpoint(tmp_path / "ckpt", wrong, CONFIG)
+    assert main(["encode-dataset", str(images), "--out", str(tmp_path / "o"), "--weights", str(tmp_path / "ckpt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mlp.fc0.weight" in err[0] and "(48, 32)" in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_full_disk_keeps_earlier_shards_and_manifest(images, tmp_path, no_ray):
+    from helpers import file_size_limit
+
+    out = tmp_path / "out"
+    encode(images, out, rows_per_shard=8)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (out / "shard-00002.parquet").unlink()  # one shard to redo
+    del before["shard-00002.parquet"]
+    with pytest.raises(OSError, match="shard-00002"), file_size_limit(1024):
+        encode(images, out, rows_per_shard=8)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (shard,) = [s for s in dataset.plan_shards(dataset.list_sources(images), 8, "k") if s.number == 0]
+    with pytest.raises(OSError), file_size_limit(1024):  # the end of a run: errors file and manifest
+        dataset._finish(
+            images,
+            out,
+            [shard],
+            {},
+            {},
+            CONFIG,
+            {"backend": "numpy", "backends_used": [], "batch_tokens": 1, "seconds": 1.0},
+            8,
+            {"checkpoint": "x"},
+        )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_pipeline_failure_is_told_in_one_line():
+    long = "ray.exceptions.ActorDiedError: The actor died...\n" + "\n".join(f"  frame {i}" for i in range(250))
+    long += "\nValueError: tensor 'vision_tower.x' holds NaN or Inf values\n"
+    assert dataset.pipeline_failure(RuntimeError(long)) == "ValueError: tensor 'vision_tower.x' holds NaN or Inf values"

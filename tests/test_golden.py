@@ -3,7 +3,8 @@
 today's reference.
 
 A regression guard: any change to the reference's numerics, to the tiny checkpoint or to the
-inputs shows up here first. Regenerate the folder with that command when a change is intended.
+inputs shows up here first. Regenerate the folder with that command when a change is intended (with
+`--overwrite` when the checkpoint or the inputs changed: the folder's provenance.json records them).
 """
 
 import numpy as np
@@ -51,3 +52,11 @@ def test_extras_match_reference(golden):
     assert_close(extras["rope_angles"], ref.rope_angles_packed(grid, config.head_dim), 1e-6, 1e-6, "rope_angles")
     pos = weights["vision_tower.patch_embed.pos_emb.weight"]
     assert_close(extras["position_term"], ref.position_embedding(grid, pos, config), 1e-6, 1e-6, "position_term")
+
+
+def test_the_bundled_folder_is_what_its_provenance_says():
+    from moonvit_kernels.cli import check_golden
+    from moonvit_kernels.weights import checkpoint_digest
+
+    record = check_golden(GOLDEN)
+    assert record["made_with"]["checkpoint"] == checkpoint_digest(TINY_DIR)

@@ -6,6 +6,8 @@ import json
 import re
 import struct
 import threading
+import time
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -107,15 +109,19 @@ def expected_reads(root: Path, manifest: dict) -> int:
 # ============================================================================ the server
 class RangeServer(ThreadingHTTPServer):
     """Serves a folder on 127.0.0.1; honours `Range: bytes=a-b` unless told not to; counts body bytes;
-    can drop the connection after `fail_after` more body bytes."""
+    can drop the connection after `fail_after` more body bytes, or go silent (`stall_seconds`) after
+    `stall_after`. With `validators` (as nginx does) it sends ETag and Last-Modified and answers 412
+    to an If-Match / If-Unmodified-Since that no longer holds."""
 
     daemon_threads = True
 
-    def __init__(self, root: Path, honour_range: bool = True):
+    def __init__(self, root: Path, honour_range: bool = True, validators: bool = True):
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.root, self.honour_range = root, honour_range
+        self.root, self.honour_range, self.validators = root, honour_range, validators
         self.bytes_served = 0
         self.fail_after: int | None = None
+        self.stall_after: int | None = None
+        self.stall_seconds = 0.0
         self.requested: list[str] = []
         self.lock = threading.Lock()
 
@@ -126,6 +132,7 @@ class RangeServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go in two writes: no 40 ms delayed-ACK stall each
 
     def log_message(self, *args):
         pass
@@ -137,10 +144,16 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.server.root / rel.removeprefix("/ckpt/")
         return path if path.is_file() else None
 
-    def _missing(self) -> None:
-        self.send_response(404)
+    def _missing(self, status: int = 404) -> None:
+        self.send_response(status)
         self.send_header("Content-Length", "0")
         self.end_headers()
+
+    def _validators(self, path: Path) -> dict:
+        st = path.stat()
+        if not self.server.validators:
+            return {}
+        return {"ETag": f'"{st.st_mtime_ns:x}-{st.st_size:x}"', "Last-Modified": formatdate(st.st_mtime, usegmt=True)}
 
     def do_HEAD(self):
         path = self._file()
@@ -148,6 +161,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._missing()
         self.send_response(200)
         self.send_header("Content-Length", str(path.stat().st_size))
+        for k, v in self._validators(path).items():
+            self.send_header(k, v)
         if self.server.honour_range:
             self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
@@ -156,6 +171,13 @@ class _Handler(BaseHTTPRequestHandler):
         path = self._file()
         if path is None:
             return self._missing()
+        validators = self._validators(path)
+        if_match = self.headers.get("If-Match")
+        if validators and if_match and if_match != validators["ETag"]:
+            return self._missing(412)
+        since = self.headers.get("If-Unmodified-Since")
+        if validators and since and since != validators["Last-Modified"]:
+            return self._missing(412)
         size = path.stat().st_size
         start, end = 0, size
         m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
@@ -166,6 +188,8 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self.send_response(200)
         self.send_header("Content-Length", str(end - start))
+        for k, v in validators.items():
+            self.send_header(k, v)
         self.end_headers()
         with self.server.lock:
             self.server.requested.append(path.name)
@@ -175,6 +199,12 @@ class _Handler(BaseHTTPRequestHandler):
             while left:
                 data = f.read(min(left, 2**20))
                 with self.server.lock:
+                    stall = self.server.stall_after
+                    stalled = stall is not None and stall < len(data)
+                    if stalled:
+                        data, self.server.stall_after = data[:stall], None
+                    elif stall is not None:
+                        self.server.stall_after = stall - len(data)
                     budget = self.server.fail_after
                     if budget is not None and budget < len(data):
                         data, self.server.fail_after = data[:budget], None
@@ -186,6 +216,11 @@ class _Handler(BaseHTTPRequestHandler):
                     self.server.bytes_served += len(data)
                 try:
                     self.wfile.write(data)
+                    if stalled:
+                        self.wfile.flush()
+                        time.sleep(self.server.stall_seconds)  # silent, connection open
+                        self.close_connection = True
+                        return
                 except (BrokenPipeError, ConnectionResetError):  # the client hung up: fine
                     return
                 if cut:
@@ -398,3 +433,241 @@ def test_single_file_checkpoint_and_a_missing_shard(checkpoint, tmp_path):
             (broken / p.name).symlink_to(p)
     with pytest.raises(hub.FetchError, match=r"no file model-00003-of-00003\.safetensors"):
         hub.fetch(str(broken), tmp_path / "w", progress=False)
+
+
+# ============================================================================ nothing lost, nothing mixed
+def serve(root: Path, **kwargs) -> RangeServer:
+    srv = RangeServer(root, **kwargs)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.fixture
+def small(tmp_path):
+    """A float32 checkpoint in two shards (with an index), served over HTTP: (folder, server, weights)."""
+    root = tmp_path / "src"
+    wts = W.random_weights(CFG, seed=21)
+    W.save_checkpoint(root, wts, CFG, dtype="float32", shards=2)
+    srv = serve(root)
+    yield root, srv, wts
+    srv.shutdown()
+    srv.server_close()
+
+
+def loaded(folder: Path) -> dict:
+    config, got = W.load_checkpoint(folder)
+    assert config == CFG
+    return got
+
+
+def same_weights(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
+def top_files(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_fetch_checks_its_output_before_reading_the_source(tmp_path):
+    (tmp_path / "plain").write_text("x")
+    with pytest.raises(hub.FetchError, match="plain is a file, not a folder"):
+        hub.fetch("http://127.0.0.1:9/nothing-listens", tmp_path / "plain" / "v", progress=False)
+
+
+def test_fetch_never_writes_into_its_source(small, capsys):
+    root, _, _ = small
+    before = top_files(root)
+    with pytest.raises(hub.FetchError, match="is the source folder: fetch never writes into its source"):
+        hub.fetch(str(root), root, progress=False)
+    assert cli.main(["fetch", str(root), "--out", str(root / "."), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "never writes into its source" in err[0]
+    assert top_files(root) == before
+
+
+def test_fetch_refuses_a_checkpoint_it_did_not_write(small, tmp_path):
+    root, srv, wts = small
+    mine = tmp_path / "mine"
+    W.save_checkpoint(mine, W.random_weights(CFG, seed=5), CFG, shards=2)
+    before = top_files(mine)
+    with pytest.raises(hub.FetchError, match=r"holds a checkpoint that fetch did not write \(config\.json.*--force"):
+        hub.fetch(srv.url, mine, progress=False)
+    assert top_files(mine) == before
+    hub.fetch(srv.url, mine, progress=False, force=True)
+    assert sorted(p.name for p in mine.iterdir()) == ["config.json", "manifest.json", "model.safetensors"]
+    same_weights(loaded(mine), wts)
+
+
+def test_a_truncated_or_foreign_manifest(small, tmp_path, capsys):
+    root, srv, wts = small
+    out = tmp_path / "v"
+    hub.fetch(srv.url, out, progress=False)
+    text = (out / hub.MANIFEST_NAME).read_text()
+    for broken in (text[: len(text) // 2], "[]"):  # a truncated manifest, one that is a list
+        (out / hub.MANIFEST_NAME).write_text(broken)
+        manifest = hub.fetch(srv.url, out, progress=False)  # ours (model.safetensors says so): fetched again
+        assert manifest["vision_bytes_fetched_this_run"] == manifest["vision_bytes"]
+        same_weights(loaded(out), wts)
+    alien = tmp_path / "alien"
+    alien.mkdir()
+    (alien / hub.MANIFEST_NAME).write_text("[]")
+    assert cli.main(["fetch", srv.url, "--out", str(alien), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "did not write (manifest.json)" in err[0]
+    assert cli.main(["fetch", srv.url, "--out", str(alien), "--quiet", "--force"]) == 0
+    same_weights(loaded(alien), wts)
+
+
+def interrupted(monkeypatch, after: int, then=None) -> list:
+    """Make `Part.append` (a kept piece) fail after `after` pieces, as a crash or a dropped link would;
+    `then` instead runs once at that point and the fetch goes on. Returns [pieces offered so far]."""
+    real = hub.Part.append
+    count = [0]
+
+    def append(self, data):
+        count[0] += 1
+        if count[0] == after + 1:
+            if then is None:
+                raise hub.FetchError("interrupted (test)")
+            then()
+        return real(self, data)
+
+    monkeypatch.setattr(hub.Part, "append", append)
+    return count
+
+
+@pytest.mark.parametrize("kind", ["http", "folder"])
+def test_a_resume_after_the_source_changed_starts_over(small, tmp_path, monkeypatch, kind):
+    root, srv, _ = small
+    source = srv.url if kind == "http" else str(root)
+    with monkeypatch.context() as m:
+        interrupted(m, after=8)
+        with pytest.raises(hub.FetchError, match="interrupted"):
+            hub.fetch(source, tmp_path / "v", progress=False, chunk_bytes=2**20)
+    assert len(list((tmp_path / "v" / hub.PARTS_DIR).glob("*.part"))) == 9  # 8 complete, 1 empty
+    new = W.random_weights(CFG, seed=22)
+    W.save_checkpoint(root, new, CFG, dtype="float32", shards=2)  # same names, shapes, sizes, offsets
+    manifest = hub.fetch(source, tmp_path / "v", progress=False)
+    assert manifest["vision_bytes_fetched_this_run"] == manifest["vision_bytes"]  # nothing of the old kept
+    same_weights(loaded(tmp_path / "v"), new)
+
+
+@pytest.mark.parametrize("kind", ["http", "folder"])
+def test_a_source_changing_during_the_fetch_is_never_mixed_in(small, tmp_path, monkeypatch, kind):
+    root, srv, _ = small
+    source = srv.url if kind == "http" else str(root)
+    new = W.random_weights(CFG, seed=23)
+    with monkeypatch.context() as m:
+        pieces = interrupted(m, after=5, then=lambda: W.save_checkpoint(root, new, CFG, dtype="float32", shards=2))
+        with pytest.raises(hub.FetchError, match="changed"):
+            hub.fetch(source, tmp_path / "v", progress=False, chunk_bytes=2**20)
+    assert pieces[0] == 6  # the piece read before the change; the next read saw it and kept nothing
+    assert not (tmp_path / "v" / "model.safetensors").exists()
+    hub.fetch(source, tmp_path / "v", progress=False)
+    same_weights(loaded(tmp_path / "v"), new)
+
+
+def test_a_zero_filled_part_is_not_trusted(small, tmp_path, monkeypatch):
+    root, srv, wts = small
+    with monkeypatch.context() as m:
+        interrupted(m, after=30)
+        with pytest.raises(hub.FetchError, match="interrupted"):
+            hub.fetch(srv.url, tmp_path / "v", progress=False, chunk_bytes=1024)
+    parts = sorted((tmp_path / "v" / hub.PARTS_DIR).glob("*.part"))
+    assert len(parts) > 1
+    for part in parts:  # as after a crash: the file grew to full size, its last bytes never landed
+        name = part.name.removesuffix(".part")
+        nbytes = 4 * int(np.prod(wts[name].shape))
+        data = part.read_bytes()
+        part.write_bytes(data[: len(data) // 2] + bytes(nbytes - len(data) // 2))
+    manifest = hub.fetch(srv.url, tmp_path / "v", progress=False)
+    same_weights(loaded(tmp_path / "v"), wts)
+    for name, entry in manifest["tensors"].items():
+        a, b = entry["byte_range"]
+        with open(root / entry["shard"], "rb") as f:
+            f.seek(a)
+            assert hashlib.sha256(f.read(b - a)).hexdigest() == entry["sha256"], name
+
+
+def test_a_stalled_server_times_out_naming_the_url_and_keeps_what_came(small, tmp_path, capsys):
+    root, srv, wts = small
+    reference = hub.fetch(str(root), tmp_path / "reference", progress=False)
+    overhead = expected_reads(root, reference) - reference["vision_bytes"]
+    srv.stall_after, srv.stall_seconds = overhead + 100, 5.0
+    start = time.perf_counter()
+    argv = ["fetch", srv.url, "--out", str(tmp_path / "v"), "--timeout", "0.5", "--quiet"]
+    assert cli.main(argv) == 2
+    seconds = time.perf_counter() - start
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"no data from {srv.url}/model-0000" in err[0] and "for 0.5 s" in err[0], err
+    assert seconds < 4.5
+    kept = sum(p.stat().st_size for p in (tmp_path / "v" / hub.PARTS_DIR).glob("*.part"))
+    assert kept == 100  # the bytes that did arrive in the stalled (64 MiB) request
+    again = hub.fetch(srv.url, tmp_path / "v", progress=False)
+    assert again["vision_bytes_fetched_this_run"] == again["vision_bytes"] - 100
+    same_weights(loaded(tmp_path / "v"), wts)
+
+
+def test_chunk_sizes_follow_the_link():
+    sizer = hub.ChunkSizer(maximum=64 * 2**20)
+    assert sizer.size == 2**20
+    sizer.update(2**20, 10.0)  # 100 KiB/s: about 5 s of it next time
+    assert sizer.size == 512 * 1024
+    sizer.update(0, 60.0)  # a request that timed out with nothing: smaller, not below the minimum
+    assert sizer.size == 256 * 1024
+    for _ in range(10):  # a fast link: up to the maximum, at most 4x a step
+        before = sizer.size
+        sizer.update(sizer.size, 0.01)
+        assert sizer.size <= 4 * before
+    assert sizer.size == 64 * 2**20
+    assert hub.ChunkSizer(maximum=4096).size == 4096
+
+
+def test_a_full_disk_keeps_the_earlier_fetch(small, tmp_path):
+    from helpers import file_size_limit
+
+    root, _, _ = small
+    out = tmp_path / "v"
+    hub.fetch(str(root), out, progress=False)
+    before = top_files(out)
+    other = tmp_path / "other"
+    new = W.random_weights(CFG, seed=24)
+    W.save_checkpoint(other, new, CFG, dtype="float32")
+    largest = 4 * max(v.size for v in new.values())
+    assert len(before["model.safetensors"]) > largest + 4096
+    with pytest.raises(OSError, match="model.safetensors"), file_size_limit(largest + 4096):
+        hub.fetch(str(other), out, progress=False)  # the parts fit, the new checkpoint file does not
+    assert top_files(out) == before
+    again = hub.fetch(str(other), out, progress=False)
+    assert again["vision_bytes_fetched_this_run"] == 0  # every part was complete and verified
+    same_weights(loaded(out), new)
+
+
+def test_a_server_without_validators_is_not_trusted_across_runs(small, tmp_path, monkeypatch):
+    root, _, wts = small
+    srv = serve(root, validators=False)
+    try:
+        with monkeypatch.context() as m:
+            interrupted(m, after=8)
+            with pytest.raises(hub.FetchError, match="interrupted"):
+                hub.fetch(srv.url, tmp_path / "v", progress=False)
+        again = hub.fetch(srv.url, tmp_path / "v", progress=False)
+        assert again["vision_bytes_fetched_this_run"] == again["vision_bytes"]  # nothing could be vouched for
+        same_weights(loaded(tmp_path / "v"), wts)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_info_on_a_server_without_range_support_names_the_url(small, capsys):
+    root, _, _ = small
+    srv = serve(root, honour_range=False)
+    try:
+        assert cli.main(["info", srv.url]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "does not support HTTP range requests" in err[0] and srv.url in err[0]
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -233,3 +233,30 @@ def test_torch_cuda_in_and_out(backend, pixels):
     for a, b in zip(outputs, expected, strict=True):
         assert a.is_cuda and a.dtype == torch.float32
         np.testing.assert_allclose(a.cpu().numpy(), b, rtol=1e-4, atol=1e-4)
+
+
+# ============================================================================ weights from torch / DLPack
+def test_dlpack_weights_are_taken_as_numpy(model, pixels):
+    """A state dict of foreign (DLPack-only) arrays gives the same outputs as the NumPy weights."""
+    weights = random_weights(CFG, 11)
+    foreign = MoonViT(CFG, {k: HostDLPack(v) for k, v in weights.items()}, backend="numpy")
+    for a, b in zip(foreign(pixels, GRID), model(pixels, GRID), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=r"weight 'vision_tower\.patch_embed\.proj\.weight' lives on DLPack device"):
+        MoonViT(CFG, {**weights, "vision_tower.patch_embed.proj.weight": OtherDevice()}, backend="numpy")
+
+
+@needs_torch
+def test_a_torch_state_dict_is_accepted(model, pixels):
+    weights = random_weights(CFG, 11)
+    state_dict = {k: torch.from_numpy(v.copy()).requires_grad_(True) for k, v in weights.items()}
+    for a, b in zip(MoonViT(CFG, state_dict, backend="numpy")(pixels, GRID), model(pixels, GRID), strict=True):
+        np.testing.assert_array_equal(a, b)
+    bf16 = {k: v.detach().to(torch.bfloat16) for k, v in state_dict.items()}  # as checkpoints store them
+    rounded = {k: v.float().numpy() for k, v in bf16.items()}
+    got = MoonViT(CFG, bf16, backend="numpy")(pixels, GRID)
+    for a, b in zip(got, MoonViT(CFG, rounded, backend="numpy")(pixels, GRID), strict=True):
+        np.testing.assert_array_equal(a, b)
+    nan = {**state_dict, "mm_projector.post_norm.weight": torch.full((CFG.text_hidden_size,), float("nan"))}
+    with pytest.raises(ValueError, match=r"mm_projector\.post_norm\.weight.*NaN or Inf"):
+        MoonViT(CFG, nan, backend="numpy")

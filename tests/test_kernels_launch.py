@@ -24,7 +24,7 @@ def test_block_registers_round_per_warp():
     assert launch.block_registers(127, 1024) == 32 * 4096  # 127·32 = 4064 -> 4096 per warp
     assert launch.block_registers(129, 32) == 4352  # 4128 -> 17 units of 256
     assert launch.block_registers(32, 33) == 2 * 1024  # 33 threads are two warps
-    assert launch.max_threads_for(129) == 480 and launch.max_threads_for(32) == 1024
+    assert launch.max_threads_for(129) == 384 and launch.max_threads_for(32) == 1024  # 3 warps per SM sub-partition
     assert launch.max_threads_for(ASSUMED_REGISTERS) == 256
 
 
@@ -34,7 +34,7 @@ def test_attention_v1_rejects_a_block_whose_registers_do_not_fit():
     qkv = rng(1).standard_normal((3, 3 * 24)).astype(np.float32)
     cu = np.array([0, 3], np.int32)
     for threads in (1024, 512):
-        with pytest.raises(ValueError, match=r"attention_v1_hd24_t\d+: \d+ threads x 1[23]\d registers .* at most 480"):
+        with pytest.raises(ValueError, match=r"attention_v1_hd24_t\d+: \d+ threads x 1[23]\d registers .* at most 384"):
             A.attention(qkv, cu, 1, version=1, threads=threads)
 
 

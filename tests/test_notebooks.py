@@ -22,6 +22,7 @@ NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 EXPECTED = [
     "00_tour",
+    "00a_warmups",
     "01_patch_embed_gemm",
     "02_rmsnorm",
     "03_rope_2d",

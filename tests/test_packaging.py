@@ -17,6 +17,7 @@ IMPORT_TO_DIST = {
     "scipy": {"scipy"},
     "numba": {"numba"},
     "numba.cuda": {"numba-cuda"},
+    "numba_cuda_mlir": {"numba-cuda-mlir"},
     "cuda.bindings": {"cuda-bindings"},
     "cuda.pathfinder": {"cuda-pathfinder"},
     "safetensors": {"safetensors"},

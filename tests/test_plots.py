@@ -93,6 +93,95 @@ def test_rope_offset_invariance_figure_plots_the_scores():
             np.testing.assert_array_equal(line.get_ydata(), row)
 
 
+def test_rope_frequency_maps_name_their_axes_and_colour_angle_zero():
+    fig = plots.rope_frequency_maps(6, 9, 24, "angle", slots=[0, 1, 10, 11], max_columns=2)
+    shown = [ax for ax in fig.axes if ax.get_visible() and ax.get_images()]
+    assert {ax.get_xlabel() for ax in shown[2:]} == {"column"} and {shown[0].get_ylabel(), shown[2].get_ylabel()} == {
+        "row"
+    }
+    for ax in shown:
+        (im,) = ax.get_images()
+        assert not np.ma.is_masked(im.get_array())  # angle 0 (row or column 0) is drawn, not a blank strip
+        assert np.isfinite(im.norm(0.0))
+
+
+def test_rope_comb_turns_only_width_slots_along_a_row_and_height_slots_down_a_column():
+    along_row, along_col = plots.rope_comb(24, 10)
+    assert along_row.shape == along_col.shape == (12, 10)
+    np.testing.assert_array_equal(along_row[1::2], 1.0)  # height slots: row 0 throughout
+    np.testing.assert_array_equal(along_col[0::2], 1.0)  # width slots: column 0 throughout
+    f = rope_frequencies(24, dtype=np.float64)
+    np.testing.assert_allclose(along_row[2 * 3], np.cos(np.arange(10) * f[3]), rtol=1e-12)
+    np.testing.assert_allclose(along_col[2 * 3 + 1], np.cos(np.arange(10) * f[3]), rtol=1e-12)
+    fig = plots.plot_rope_comb(24, 10)
+    assert [ax.get_xlabel() for ax in fig.axes[:2]] == ["column (along a row), patches", "row (down a column), patches"]
+
+
+def test_rope_offset_map_peaks_at_zero_and_swapping_the_axes_transposes_it():
+    good = plots.rope_offset_map(32, 6, seed=3)
+    bad = plots.rope_offset_map(32, 6, swapped=True, seed=3)
+    assert good.shape == (13, 13) and good[6, 6] == pytest.approx(1.0) and good.max() == pytest.approx(1.0)
+    np.testing.assert_allclose(bad, good.T, rtol=1e-12)
+    assert np.abs(good - good.T).max() > 0.05  # width and height weighted differently: not symmetric
+    # the brute-force score of one offset, from the reference's rotation
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal(32)
+    w = np.repeat(np.where(np.arange(16) % 2 == 0, 1.0, 0.35), 2)  # slot weights on dims, as the map's energies
+    table = ref.rope_angles(7, 7, 32, dtype=np.float64)
+    qr = ref.apply_rope((q * np.sqrt(w))[None, None], table[0][None])
+    kr = ref.apply_rope((q * np.sqrt(w))[None, None], table[2 * 7 + 5][None])
+    assert good[6 + 2, 6 + 5] == pytest.approx(float(np.sum(qr * kr)) / float(np.sum(w * q**2)), rel=1e-10)
+    fig = plots.plot_rope_offset_map(32, 6)
+    assert fig.axes[0].get_ylabel().startswith("row offset") and fig.axes[0].get_xlabel().startswith("column offset")
+
+
+def test_rope_k3_maps_draw_every_panel_over_at_least_one_period():
+    freqs = plots.k3_map_frequencies(128, 6)
+    assert freqs[0] == 0 and freqs[-1] == 31 and len(freqs) == 6
+    fig = plots.plot_rope_k3_maps(128, (64, 48))
+    panels = [ax for ax in fig.axes if ax.get_images()]
+    assert len(panels) == 12
+    for ax in panels:
+        (im,) = ax.get_images()
+        assert np.ptp(im.get_array()) > 1.5  # cos goes through (nearly) a whole period: structure in every panel
+        assert ax.get_xlabel() == "column"
+
+
+def test_rope_command_writes_the_pictures_and_one_self_contained_page(tmp_path, capsys):
+    from moonvit_kernels import cli
+
+    out = tmp_path / "pics" / "rope.png"
+    assert cli.main(["rope", "--head-dim", "32", "--grid", "12x20", "--out", str(out), "--html"]) == 0
+    names = sorted(p.name for p in out.parent.iterdir())
+    assert names == ["rope.html", "rope.png", "rope_comb.png", "rope_offset.png"]
+    page = (out.parent / "rope.html").read_text(encoding="utf-8")
+    assert page.count("data:image/png;base64,") == 3 and "http" not in page and "<script src" not in page
+    assert '"headDim": 32' in page and '"rows": 12, "cols": 20' in page
+    assert "wrote" in capsys.readouterr().out
+    assert cli.main(["rope", "--grid", "64", "--out", str(out)]) == 2
+    assert "--grid" in capsys.readouterr().err
+    assert cli.main(["rope", "--head-dim", "30", "--out", str(out)]) == 2
+    assert cli.main(["rope", "--out", str(tmp_path / "rope.svg")]) == 2
+
+
+def test_prediction_rows_put_measured_beside_predicted_only_when_a_report_exists(tmp_path):
+    header, rows, note = plots.prediction_rows("01", results_dir=tmp_path)
+    assert len(rows) == 5 and all(r[-1] == "—" for r in rows) and "nothing yet" in note
+    floor = float(rows[0][5].replace(",", ""))
+    assert floor == pytest.approx(2 * 4096 * 4608 * 1024 / 67e12 * 1e6, rel=1e-3)  # wqkv at the fp32 datasheet peak
+    run = tmp_path / "H200-2026-12-24"
+    run.mkdir()
+    (run / "results.csv").write_text(
+        "section,item,backend,unit,rate,median_ms,shape\nkernels,gemm numba v3,numba,TFLOP/s,21.5,0.9,4096x4608x1024\n"
+    )
+    _, rows, note = plots.prediction_rows("01", results_dir=tmp_path)
+    measured = {r[0]: r[-1] for r in rows}
+    assert "21.5 TFLOP/s" in measured["`gemm_v3_none` (numba)"] and "H200-2026-12-24" in note
+    assert measured["`gemm_v1_none` (numba)"] == "—"
+    with pytest.raises(ValueError, match="stage"):
+        plots.prediction_rows("99")
+
+
 # ============================================================================ errors
 def test_error_heatmap_shows_the_error_matrix():
     rng = np.random.default_rng(0)

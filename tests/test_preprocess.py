@@ -11,6 +11,8 @@ from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.preprocess import (
     PreprocessConfig,
     chessboard,
+    inspect_image,
+    load_frames,
     load_image,
     patchify,
     preprocess,
@@ -319,3 +321,74 @@ def test_bad_videos_raise_value_errors():
         preprocess_video(np.zeros((4, 4, 3), np.uint8))
     with pytest.raises(ValueError, match="in_patch_limit must be a positive integer"):
         preprocess_images(random_image(4, 4), in_patch_limit=0)
+
+
+# ============================================================================ image kinds that used to read wrong
+def test_16_and_32_bit_images_beyond_255_are_refused_not_clipped_to_white(tmp_path):
+    """PIL's convert("RGB") (what the K3 processor calls) clips I;16 / I pixels at 255: a 16-bit photo
+    turns white. Such files are refused naming the range; ones whose values fit 0..255 read as 8-bit."""
+    values = np.random.default_rng(5).integers(0, 65536, (9, 11)).astype(np.uint16)
+    wide = tmp_path / "sixteen.png"
+    Image.fromarray(values).save(wide)
+    assert Image.open(wide).mode == "I;16"
+    with pytest.raises(ValueError, match=r"sixteen\.png: 16-bit pixels \(PIL mode I;16\) up to \d+: .*clips"):
+        load_image(wide)
+    deep = tmp_path / "thirty_two.tif"
+    Image.fromarray(values.astype(np.int32) * 3).save(deep)
+    assert Image.open(deep).mode == "I"
+    with pytest.raises(ValueError, match=r"thirty_two\.tif: 32-bit pixels \(PIL mode I\)"):
+        preprocess_images(deep)
+    small = tmp_path / "small_values.png"
+    eight = (values % 256).astype(np.uint8)
+    Image.fromarray(eight.astype(np.uint16)).save(small)
+    got = preprocess_images(small)
+    want = preprocess_images(np.repeat(eight[:, :, None], 3, axis=2))
+    np.testing.assert_array_equal(got.pixel_values, want.pixel_values)
+
+
+def test_float_images_are_refused_as_ambiguous(tmp_path):
+    path = tmp_path / "unit.tif"
+    Image.fromarray(np.random.default_rng(6).random((7, 9)).astype(np.float32)).save(path)
+    with pytest.raises(ValueError, match=r"unit\.tif: float pixels \(PIL mode F\) are ambiguous"):
+        load_image(path)
+    with pytest.raises(ValueError, match="ambiguous"):
+        inspect_image(path)  # refused from the header, before decoding
+
+
+@pytest.mark.parametrize("suffix", [".gif", ".tif"])
+def test_multi_frame_files_are_refused_or_taken_as_video_explicitly(tmp_path, suffix):
+    frames = [Image.fromarray(random_image(12, 10, seed=i)) for i in range(3)]
+    path = tmp_path / f"animated{suffix}"
+    frames[0].save(path, save_all=True, append_images=frames[1:])
+    with pytest.raises(ValueError, match=rf"animated\{suffix}: holds 3 frames.*load_frames"):
+        preprocess_images(path)
+    with pytest.raises(ValueError, match="holds 3 frames"):
+        inspect_image(path)
+    loaded = load_frames(path)
+    assert len(loaded) == 3 and all(f.size == (10, 12) for f in loaded)
+    video = preprocess_video(loaded, VisionConfig.tiny())
+    assert video.grid_thws.tolist() == [[3, 4, 4]]
+    if suffix == ".tif":  # lossless: the frames are the pixels written
+        for got, want in zip(loaded, frames, strict=True):
+            np.testing.assert_array_equal(np.asarray(got.convert("RGB")), np.asarray(want))
+
+
+def test_a_decompression_bomb_is_one_named_error(tmp_path, monkeypatch):
+    path = tmp_path / "huge.png"
+    Image.fromarray(random_image(40, 50)).save(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 900)  # 2000 pixels: past twice the limit
+    for read in (load_image, inspect_image):
+        with pytest.raises(ValueError, match=r"huge\.png: 2000 pixels: .*decompression bomb"):
+            read(path)
+
+
+def test_a_folder_is_not_an_image(tmp_path):
+    with pytest.raises(ValueError, match=rf"{tmp_path}: is a folder, not an image file"):
+        load_image(tmp_path)
+    with pytest.raises(ValueError, match="is a folder, not an image file"):
+        inspect_image(tmp_path)
+    with pytest.raises(ValueError, match="no such image file"):
+        inspect_image(tmp_path / "missing.png")
+    (tmp_path / "text.png").write_text("not an image")
+    with pytest.raises(ValueError, match="cannot read as an image"):
+        inspect_image(tmp_path / "text.png")

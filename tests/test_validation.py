@@ -206,3 +206,17 @@ def test_integer_weight_rejected(weights, pixels, dtype):
 def test_weights_not_a_mapping(weights, pixels):
     with pytest.raises(ValueError, match="weights must be a mapping"):
         run(pixels, GRID, list(weights.items()))
+
+
+def test_nan_weights_through_the_model_are_refused(weights, pixels):
+    from moonvit_kernels.model import MoonViT
+
+    bad = {
+        **weights,
+        "vision_tower.encoder.blocks.1.norm1.weight": weights["vision_tower.encoder.blocks.1.norm1.weight"].copy(),
+    }
+    bad["vision_tower.encoder.blocks.1.norm1.weight"][3] = np.inf
+    with pytest.raises(ValueError, match=r"blocks\.1\.norm1\.weight.*NaN or Inf"):
+        MoonViT(CFG, bad, backend="numpy")
+    with pytest.raises(ValueError, match=r"blocks\.1\.norm1\.weight.*NaN or Inf"):
+        run(pixels, GRID, bad)

@@ -322,3 +322,105 @@ def test_multi_gigabyte_decoder_is_never_read(tmp_path, wts):
     part = header._handle.get_slice(DECODER)[: 24 * 1024]
     assert part.nbytes == 96 * 2**20 and not part.any()
     assert peak_rss() - before > 64 * 2**20
+
+
+# ============================================================================ issue: nothing silently wrong
+def test_the_same_tensor_in_two_unindexed_files_names_both(tmp_path, wts):
+    W.save_weights(tmp_path / "a.safetensors", wts)
+    W.save_weights(tmp_path / "b.safetensors", {"vision_tower.encoder.final_layernorm.weight": np.ones(32, np.float32)})
+    (tmp_path / "config.json").write_text(json.dumps({"vision_config": CFG.to_dict()}))
+    with pytest.raises(ValueError, match=r"final_layernorm\.weight.*a\.safetensors.*b\.safetensors") as e:
+        W.load_weights(tmp_path)
+    assert str(tmp_path / "a.safetensors") in str(e.value) and str(tmp_path / "b.safetensors") in str(e.value)
+
+
+@pytest.mark.parametrize("weight_map", [[["vision_tower.x", "m.safetensors"]], {"vision_tower.x": 3}, "m"])
+def test_an_index_whose_weight_map_is_not_names_to_files(tmp_path, wts, weight_map):
+    W.save_checkpoint(tmp_path, wts, CFG, shards=2)
+    (tmp_path / W.INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with pytest.raises(ValueError, match=r"index\.json: not a valid safetensors index.*weight_map"):
+        W.load_weights(tmp_path)
+
+
+def test_a_config_json_that_is_a_folder(tmp_path, wts):
+    W.save_weights(tmp_path / "model.safetensors", wts)
+    (tmp_path / "config.json").mkdir()
+    with pytest.raises(ValueError, match=r"config\.json: is a folder"):
+        W.load_checkpoint(tmp_path)
+
+
+def test_check_weights_rejects_nan_like_load_weights(wts):
+    wts["mm_projector.proj.0.weight"][1, 2] = np.nan
+    with pytest.raises(ValueError, match=r"mm_projector\.proj\.0\.weight.*NaN or Inf"):
+        W.check_weights(wts, CFG)
+
+
+@pytest.fixture
+def bounded_expected_shapes(monkeypatch):
+    """Fail loudly if anything builds the tensor table of a config with absurdly many layers."""
+    real = W.expected_shapes
+
+    def guarded(config):
+        assert config.vt_num_hidden_layers <= 1000, "expected_shapes built for an unbounded layer count"
+        return real(config)
+
+    monkeypatch.setattr(W, "expected_shapes", guarded)
+
+
+def test_a_config_with_more_layers_than_the_checkpoint_holds(tmp_path, wts, bounded_expected_shapes):
+    W.save_checkpoint(tmp_path, wts, CFG.replace(vt_num_hidden_layers=10**9))
+    with pytest.raises(ValueError, match=r"vt_num_hidden_layers=1000000000 but the checkpoint holds 2 encoder"):
+        W.load_weights(tmp_path)
+    with pytest.raises(ValueError, match=r"vt_num_hidden_layers=1000000000 but the weights hold 2 encoder"):
+        W.check_weights(wts, CFG.replace(vt_num_hidden_layers=10**9))
+    assert W.parameter_count(CFG.replace(vt_num_hidden_layers=10**9))["total"] > 10**12  # arithmetic, no table
+
+
+def test_a_misshaped_checkpoint_is_refused_from_its_headers(tmp_path, wts, monkeypatch):
+    wts["vision_tower.patch_embed.proj.weight"] = np.zeros((32, 3, 6, 6), np.float32)
+    W.save_checkpoint(tmp_path, wts, CFG)
+
+    def no_reading(self, name):
+        raise AssertionError(f"read the bytes of {name} before checking the shapes")
+
+    monkeypatch.setattr(W.SafetensorsFile, "read", no_reading)
+    with pytest.raises(ValueError, match=r"proj\.weight.*\(32, 3, 6, 6\), expected \(32, 3, 4, 4\)"):
+        W.load_weights(tmp_path)
+    with pytest.raises(ValueError, match=r"proj\.weight.*\(32, 3, 6, 6\)"):
+        W.check_headers(tmp_path, CFG)
+
+
+def test_checkpoint_digest_follows_the_values_not_the_names(tmp_path, wts):
+    """Same names, shapes and sizes re-saved in place with other values: another digest."""
+    W.save_checkpoint(tmp_path / "a", wts, CFG)
+    first = W.checkpoint_digest(tmp_path / "a")
+    W.save_checkpoint(tmp_path / "copy", wts, CFG, shards=1)
+    assert W.checkpoint_digest(tmp_path / "copy") == first  # content, not path or time
+    other = W.random_weights(CFG, seed=99)
+    W.save_checkpoint(tmp_path / "a", other, CFG)
+    assert (tmp_path / "a" / "model.safetensors").stat().st_size == (
+        tmp_path / "copy" / "model.safetensors"
+    ).stat().st_size
+    assert W.checkpoint_digest(tmp_path / "a") != first
+    # tensors up to 64 KiB (all of the tiny model's) are hashed whole: one changed value shows
+    changed = {**wts, "mm_projector.proj.2.weight": wts["mm_projector.proj.2.weight"].copy()}
+    changed["mm_projector.proj.2.weight"][0, 0] += 1.0
+    W.save_checkpoint(tmp_path / "b", changed, CFG)
+    assert W.checkpoint_digest(tmp_path / "b") != first
+    # larger ones by 16 windows of 4 KiB: a bounded read per tensor, whatever its size
+    blob = tmp_path / "blob"
+    blob.write_bytes(np.random.default_rng(0).bytes(2**20 + 3))
+    with open(blob, "rb") as f:
+        sample = W._sampled_bytes(f, 3, 2**20 + 3)
+    data = blob.read_bytes()
+    assert len(sample) == 64 * 1024 and sample[:4096] == data[3:4099] and sample[-4096:] == data[-4096:]
+
+
+def test_a_full_disk_keeps_the_earlier_checkpoint(tmp_path, wts):
+    from helpers import file_size_limit, snapshot
+
+    W.save_checkpoint(tmp_path, wts, CFG, dtype="bfloat16")
+    before = snapshot(tmp_path)
+    with pytest.raises(OSError), file_size_limit(8192):
+        W.save_checkpoint(tmp_path, W.random_weights(CFG, seed=4), CFG, dtype="float32")
+    assert snapshot(tmp_path) == before

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from numba import cuda, float32
 
-from moonvit_kernels.xray import arch, catalogue, counters, occupancy, roofline, sass, trace
+from moonvit_kernels.xray import arch, catalogue, counters, launch_counts, occupancy, roofline, sass, trace
 from moonvit_kernels.xray.counters import strided
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -299,7 +299,7 @@ def test_hopper_kernels_in_the_xray(tmp_path, monkeypatch):
     assert (hop.arch, hop.registers, hop.stack_bytes, hop.threads) == ("sm_90a", 168, 0, 384)
     assert hop.dynamic_shared == sources.gemm_sm90_smem_bytes(128) and hop.static_shared == 0
     info = catalogue.describe("cuda", hop.label, hop.threads, hop.dynamic_shared)
-    assert (info.family, info.version, info.peak, info.k3) == ("gemm", "CUDA sm90 wgmma", "bf16", True)
+    assert (info.family, info.version, info.peak, info.k3) == ("gemm", "CUDA sm90 wgmma", "wgmma", True)
     assert info.flops == 2.0 * catalogue.L * catalogue.MLP * catalogue.D  # fc0's shape
     attn = catalogue.describe("cuda", "flash_attn_sm90_hd128", 256)
     assert attn.family == "attention" and attn.flops > 0
@@ -329,15 +329,25 @@ def test_disassembly_errors_are_clear(monkeypatch):
     [("sm_80", 2, 16, "registers"), ("sm_89", 2, 16, "registers"), ("sm_90", 2, 16, "registers")],
 )
 def test_register_limited(arch_name, blocks, warps, limiter):
-    # 96 regs x 32 lanes = 3072 per warp; 65536 // 3072 = 21 warps; 21 // 8 warps per block = 2
+    # 96 regs x 32 lanes = 3072 per warp; 16384 // 3072 = 5 warps per sub-partition, 20 per SM; 20 // 8 = 2
     o = occupancy.occupancy(arch_name, 256, 96)
     assert (o.blocks_per_sm, o.warps_per_sm, o.limiter) == (blocks, warps, limiter)
 
 
 def test_register_allocation_granularity():
-    # 33 regs: 1056 per warp rounds up to 1280; 65536 // 1280 = 51 warps -> 6 blocks of 8 warps
+    # 33 regs: 1056 per warp rounds up to 1280; 12 warps per sub-partition, 48 per SM -> 6 blocks of 8 warps
     assert occupancy.occupancy("sm_90", 256, 33).blocks_per_sm == 6
     assert occupancy.occupancy("sm_90", 256, 32).blocks_per_sm == 8
+
+
+def test_registers_are_allocated_per_sm_sub_partition():
+    """80 registers: 2,560 per warp, 6 warps in each of the 4 sub-partitions = 24 warps per SM, not
+    65,536 // 2,560 = 25: 4 blocks of 160 threads (not 5), and 800 threads cannot launch at all."""
+    o = occupancy.occupancy("sm_90", 160, 80)
+    assert (o.blocks_per_sm, o.limiter, o.by_limit["registers"]) == (4, "registers", 4)
+    o = occupancy.occupancy("sm_90", 800, 80)
+    assert o.blocks_per_sm == 0 and "at most 24 warps" in o.problems[0]
+    assert occupancy.occupancy("sm_90", 768, 80).blocks_per_sm == 1
 
 
 @pytest.mark.parametrize("arch_name, blocks", [("sm_80", 1), ("sm_89", 1), ("sm_90", 2)])
@@ -360,8 +370,8 @@ def test_warp_limited_on_sm89():
 
 
 def test_launches_that_cannot_happen():
-    o = occupancy.occupancy("sm_90", 1024, 127)  # attention v1 hd24: 127 x 1024 > 65536 registers
-    assert o.blocks_per_sm == 0 and o.limiter == "cannot launch" and "registers per block" in o.problems[0]
+    o = occupancy.occupancy("sm_90", 1024, 127)  # attention v1 hd24: 4,096 per warp x 32 warps > 65,536 registers
+    assert o.blocks_per_sm == 0 and o.limiter == "cannot launch" and "do not fit the register file" in o.problems[0]
     assert "per block (opt-in limit)" in occupancy.occupancy("sm_89", 128, 32, 0, 100 * 1024).problems[0]
     assert "static shared" in occupancy.occupancy("sm_90", 128, 32, 49 * 1024).problems[0]
     assert "threads" in occupancy.occupancy("sm_90", 2048, 16).problems[0]
@@ -380,21 +390,48 @@ def test_parse_archs():
 
 
 # ============================================================================ roofline
-def test_roofline_bounds_from_datasheet_peaks():
-    h200 = arch.GPUS["H200"]
+def test_compute_roofs_per_instruction_class():
+    h200, a100 = arch.GPUS["H200"], arch.GPUS["A100"]
     wqkv = catalogue.describe("numba", "gemm_v3_none")
     M, N, K = catalogue.L, 3 * catalogue.Q, catalogue.D
-    assert wqkv.flops == 2 * M * N * K
+    assert wqkv.flops == 2 * M * N * K and wqkv.peak == "fp32"
     b = roofline.bound(wqkv, h200)
-    assert b.limit == "compute" and b.seconds == pytest.approx(2 * M * N * K / 67e12)
-    tc = catalogue.describe("cuda", "gemm_bf16_tc_bf16_none")
-    assert roofline.bound(tc, h200).seconds == pytest.approx(2 * M * N * K / 989e12)
+    assert b.limit == "FFMA" and b.seconds == pytest.approx(2 * M * N * K / 67e12) and set(b.roofs) == {"FFMA", "DRAM"}
+    tc = catalogue.describe("cuda", "gemm_bf16_tc_bf16_none")  # mma.sync: not held to the wgmma dense peak
+    assert tc.peak == "mma_sync" and roofline.bound(tc, h200).seconds == pytest.approx(2 * M * N * K / (989e12 / 2))
+    assert roofline.bound(tc, a100).seconds == pytest.approx(2 * M * N * K / 312e12)  # A100: its datasheet peak
+    hopper = catalogue.describe("cuda", "gemm_bf16_sm90_bn128_bf16_none")
+    assert hopper.peak == "wgmma" and roofline.bound(hopper, h200).limit == "wgmma"
+    assert roofline.bound(hopper, h200).roofs["wgmma"] == pytest.approx(hopper.flops / 989e12)
+    assert catalogue.describe("cuda", "flash_attn_bf16_hd128").peak == "mma_sync"
+    assert h200.mma_sync_flops < h200.wgmma_flops and "not a datasheet" in h200.mma_sync_source
+    with pytest.raises(ValueError, match="A100 SXM 80GB .* has no wgmma"):
+        roofline.peak_flops(a100, "wgmma")
     norm = catalogue.describe("numba", "rmsnorm_kernel_t256")
     b = roofline.bound(norm, h200)
-    assert b.limit == "memory" and b.seconds == pytest.approx(norm.dram_bytes / 4.8e12)
+    assert b.limit == "DRAM" and b.seconds == pytest.approx(norm.dram_bytes / 4.8e12)
     assert roofline.bound(catalogue.describe("numba", "attention_v2_hd24_q32_k16"), h200) is None  # not K3
     with pytest.raises(ValueError, match="peak 'fp16'"):
         roofline.peak_flops(h200, "fp16")
+
+
+def test_shared_and_issue_roofs_per_gpu():
+    """Clock from the datasheet fp32 peak (fp32 / (2 x FP32 lanes x SMs)); shared memory serves one 128-byte
+    wavefront per clock per SM, the schedulers issue 4 warp-instructions per clock per SM."""
+    h200, a100, l40s = arch.GPUS["H200"], arch.GPUS["A100"], arch.GPUS["L40S"]
+    assert h200.clock_hz == pytest.approx(1.98e9, rel=2e-3) and a100.clock_hz == pytest.approx(1.41e9, rel=2e-3)
+    assert l40s.clock_hz == pytest.approx(2.52e9, rel=2e-3)
+    assert h200.shared_wavefronts_per_s == pytest.approx(132 * h200.clock_hz)
+    assert h200.issue_per_s == pytest.approx(4 * 132 * h200.clock_hz)
+    assert h200.shared_wavefronts_per_s * 128 == pytest.approx(33.5e12, rel=0.01)  # bytes/s of shared memory
+    info = catalogue.describe("numba", "gemm_v3_none")
+    counts = launch_counts.LaunchCounts([(0, 1.0)], issued=2e9, shared_instructions=1e8, shared_wavefronts=5e8)
+    b = roofline.bound(info, h200, counts)
+    assert b.roofs["shared"] == pytest.approx(5e8 / (132 * h200.clock_hz))
+    assert b.roofs["issue"] == pytest.approx(2e9 / (4 * 132 * h200.clock_hz))
+    assert b.limit == "shared" and b.seconds == b.roofs["shared"] == max(b.roofs.values())
+    counts.shared_wavefronts = 1e6
+    assert roofline.bound(info, h200, counts).limit == "issue"
 
 
 def test_request_bytes_fall_with_each_gemm_version():
@@ -402,19 +439,159 @@ def test_request_bytes_fall_with_each_gemm_version():
     assert req[0] > req[1] > req[2] > catalogue.describe("numba", "gemm_v3_none").dram_bytes
 
 
-def test_roofline_plot_and_measured_overlay(tmp_path):
-    infos = [catalogue.describe("numba", f"gemm_v{v}_none") for v in (1, 2, 3)]
-    results = tmp_path / "results.csv"
-    results.write_text(
-        "section,item,backend,unit,rate\nkernels,gemm v3 wqkv,numba,TFLOP/s,12.5\nkernels,rmsnorm,numba,GB/s,\n"
-        "kernels,gemm v1 wqkv,numba,TFLOP/s,1.5\n"
+# ============================================================================ launch counts (a listing by hand)
+COUNTED = """
+        .section        .text.k,"ax",@progbits
+k:
+        /*0000*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0010*/                   STS [R0], R2 ;
+        /*0020*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;
+.L_x_1:
+        /*0030*/                   LDS.128 R4, [R0] ;
+        /*0040*/                   LDS R8, [R0+0x4] ;
+        /*0050*/                   FFMA R9, R4, R8, R9 ;
+        /*0060*/                   FFMA R10, R5, R8, R10 ;
+        /*0070*/                   LDSM.16.M88.4 R12, [R0] ;
+        /*0080*/                   NOP ;
+        /*0090*/                   IADD3 R0, R0, 0x1, RZ ;
+        /*00a0*/              @!P0 BRA `(.L_x_1) ;
+.L_x_2:
+        /*00b0*/                   LDS.64 R4, [R0] ;
+        /*00c0*/                   FFMA R9, R4, R5, R9 ;
+        /*00d0*/              @!P0 BRA `(.L_x_2) ;
+        /*00e0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00f0*/               @P1 BRA `(.L_x_0) ;
+        /*0100*/                   EXIT ;
+"""
+
+
+def test_wavefronts_and_multiply_adds_per_instruction():
+    (fn,) = sass.parse(COUNTED)
+    by_op = {f"{i.opcode}{i.modifiers}": i for i in fn.instructions}
+    wf = {op: launch_counts.wavefronts(i) for op, i in by_op.items() if launch_counts.wavefronts(i)}
+    assert wf == {"STS": 1, "LDGSTS.E.BYPASS.128": 4, "LDS.128": 4, "LDS": 1, "LDSM.16.M88.4": 4, "LDS.64": 2}
+    assert launch_counts.multiply_adds(by_op["FFMA"]) == 32
+    hmma, hgmma = sass.parse(REAL_SASS)[0].instructions[2], sass.parse(REAL_SASS)[0].instructions[0]
+    assert launch_counts.multiply_adds(hmma) == 16 * 8 * 16  # m16n8k16 per warp
+    assert launch_counts.multiply_adds(hgmma) == 64 * 128 * 16 // 4  # m64n128k16 per warpgroup, one warp's share
+    with pytest.raises(ValueError, match="HMMA shape"):
+        launch_counts.multiply_adds(sass.Instruction(0, "HMMA", ".1111.F32", "R0"))
+
+
+def test_counts_scale_the_fma_loops_by_the_flops():
+    (fn,) = sass.parse(COUNTED)
+    hot = fn.hot_loop
+    assert (hot.start, hot.size, hot.fmas) == (0x30, 7, 2)  # the NOP is not an instruction issued
+    flops = 2 * 64 * 1000  # 1000 trips of the hot loop (2 FFMA x 32 lanes)
+    c = launch_counts.count(fn, flops)
+    assert c.loops == [(0x30, 1000.0)] and c.issued == 7000 and c.shared_instructions == 3000
+    assert c.shared_wavefronts == 1000 * (4 + 1 + 4)  # LDS.128, LDS, LDSM.x4; the outer loop's STS not counted
+    assert c.conflicts == launch_counts.UNTRACED
+    # two innermost FMA loops sharing the FLOPs 1:3 (as the catalogue says for attention v2's QK and PV)
+    c = launch_counts.count(fn, flops, shares=(0.25, 0.75))
+    assert c.loops == [(0x30, 250.0), (0xB0, 1500.0)]
+    assert c.issued == 250 * 7 + 1500 * 3 and c.shared_wavefronts == 250 * 9 + 1500 * 2
+    c = launch_counts.count(fn, flops, shares=(0.5, 0.25, 0.25))  # the SASS has 2: fall back, and say so
+    assert c.loops == [(0x30, 1000.0)] and "hot loop only" in c.notes[0]
+    c = launch_counts.count(fn, flops, shares=(1.0,))  # one phase: the loop with the most multiply-adds
+    assert c.loops == [(0x30, 1000.0)] and not c.notes
+    assert launch_counts.count(sass.parse(LISTING.replace("FFMA", "FMUL"))[0], flops) is None  # no FMA loop
+
+
+def test_counts_take_the_traced_conflict_factors():
+    (fn,) = sass.parse(COUNTED)
+    tr = trace.TraceResult("k", "hand-made")
+    tr.sites = [
+        trace.SiteStats("shared", "a", "k.py", 1, False, requests=10, cost=30, ideal=10),  # loads 3-way...
+        trace.SiteStats("shared", "b", "k.py", 2, False, requests=10, cost=10, ideal=10),  # ...and conflict-free
+        trace.SiteStats("shared", "a", "k.py", 3, True, requests=4, cost=8, ideal=4),  # stores 2-way
+        trace.SiteStats("global", "g", "k.py", 4, False, requests=4, cost=64, ideal=4),  # not shared: ignored
+    ]
+    assert launch_counts.conflict_factors(tr) == (2.0, 2.0)
+    c = launch_counts.count(fn, 2 * 64 * 1000, trace=tr)
+    assert (c.load_factor, c.conflicts) == (2.0, "traced: loads x2.00, stores x2.00 the ideal wavefronts")
+    assert c.shared_wavefronts == 1000 * 9 * 2
+    tr.error = "failed"
+    assert launch_counts.conflict_factors(tr) is None
+
+
+# ============================================================================ calibration
+def _row(backend, label, arch_name="sm_90"):
+    from moonvit_kernels.xray import report
+
+    info = catalogue.describe(backend, label)
+    return report.Row(backend, label, info.family, info.version, info.specialisation, arch_name, info.k3,
+                      info.threads, 64, 0, 0, 0, 0, 1, 8, 0.1, "registers", flops=info.flops,
+                      dram_bytes=info.dram_bytes)  # fmt: skip
+
+
+def test_calibration_puts_measured_rates_beside_the_bounds(tmp_path):
+    from moonvit_kernels.xray import calibration, report
+
+    rep = report.Report(rows=[_row("numba", "gemm_v3_none"), _row("numba", "gemm_v3_gelu_tanh"),
+                              _row("numba", "attention_v2_hd128_q32_k16"), _row("cuda", "gemm_bf16_tc_bf16_gelu_tanh"),
+                              _row("cuda", "gemm_bf16_sm90_bn128_bf16_gelu_tanh"), _row("numba", "rmsnorm_kernel_t256"),
+                              _row("numba", "gemm_v3_none", "sm_80")])  # fmt: skip
+    run = tmp_path / "H200-2026-01-01"
+    run.mkdir()
+    (run / "results.csv").write_text(
+        "section,item,backend,shape,unit,rate,peak\n"
+        "kernels,gemm v3 qkv,numba,4096x4608x1024,TFLOP/s,12.5,\n"
+        "kernels,gemm v3 fc0+gelu_tanh,numba,4096x4096x1024,TFLOP/s,11.0,\n"
+        "kernels,attention v2,numba,L=4096 H=12 hd=128,TFLOP/s,3.0,\n"
+        "kernels,gemm_bf16 fc0+gelu_tanh,cuda,4096x4096x1024,TFLOP/s,200.0,\n"
+        "kernels,gemm_bf16_sm90 bn128 fc0+gelu_tanh,hopper,4096x4096x1024,TFLOP/s,600.0,\n"
+        "kernels,rmsnorm,numba,4096x1024,GB/s,2000,\n"
+        "kernels,rope,numba,4096,GB/s,,\n"
+        "tower,forward,numba,,ms,5,\n"
     )
-    measured = roofline.read_measured(results)
-    assert [r["item"] for r in measured] == ["gemm v3 wqkv", "gemm v1 wqkv"]
-    assert roofline.match_measured(measured[0], infos) is infos[2]
-    assert roofline.match_measured(measured[1], infos) is infos[0]
-    assert roofline.match_measured({"item": "attention", "backend": "numba"}, infos) is None
-    path = roofline.plot(infos, arch.GPUS["H200"], tmp_path / "r.png", measured)
+    assert calibration.results_files(tmp_path) == [run / "results.csv"]
+    cals = calibration.calibrate(rep, run / "results.csv")
+    got = {c.item: c for c in cals}
+    assert list(got) == ["gemm v3 qkv", "gemm v3 fc0+gelu_tanh", "attention v2", "gemm_bf16 fc0+gelu_tanh",
+                         "gemm_bf16_sm90 bn128 fc0+gelu_tanh", "rmsnorm"]  # fmt: skip
+    assert [got[i].kernel for i in got] == ["gemm_v3_none", "gemm_v3_gelu_tanh", "attention_v2_hd128_q32_k16",
+                                            "gemm_bf16_tc_bf16_gelu_tanh", "gemm_bf16_sm90_bn128_bf16_gelu_tanh",
+                                            "rmsnorm_kernel_t256"]  # fmt: skip
+    h200 = arch.GPUS["H200"]
+    v3 = got["gemm v3 qkv"]  # no SASS counts here: the FFMA roof binds, 67 TFLOP/s
+    assert v3.bound_rate == pytest.approx(67.0) and v3.binds == "FFMA" and v3.ratio == pytest.approx(12.5 / 67)
+    norm = got["rmsnorm"]
+    assert norm.bound_rate == pytest.approx(h200.dram_bytes_per_s / 1e9) and norm.ratio == pytest.approx(2000 / 4800)
+    assert got["gemm_bf16_sm90 bn128 fc0+gelu_tanh"].binds == "wgmma"
+    lines = calibration.markdown(cals, run / "results.csv", "H200")
+    assert "H200" in lines[0] and any("| gemm v3 qkv | numba |" in line and "0.19 |" in line for line in lines)
+    with pytest.raises(ValueError, match="cannot tell which GPU"):
+        (tmp_path / "mystery").mkdir()
+        (tmp_path / "mystery" / "results.csv").write_text("section,item,backend,unit,rate\nkernels,rope,numba,GB/s,1\n")
+        calibration.calibrate(rep, tmp_path / "mystery" / "results.csv")
+
+
+def test_no_gpu_run_is_said_plainly(tmp_path):
+    from moonvit_kernels.xray import calibration, report
+
+    rep = report.Report(rows=[_row("numba", "gemm_v3_none")])
+    assert calibration.results_files(tmp_path) == [] and calibration.attach(rep, []) == {}
+    assert rep.calibration == [calibration.NO_GPU_RUN] and "No GPU run yet" in calibration.NO_GPU_RUN
+    assert "No GPU run yet" in report.markdown(rep, ["sm_90"])
+
+
+def test_roofline_plot_draws_every_roof_and_measured_points(tmp_path):
+    from moonvit_kernels.xray import calibration
+
+    h200 = arch.GPUS["H200"]
+    points = []
+    for backend, label in (
+        ("numba", "gemm_v3_none"),
+        ("cuda", "flash_attn_bf16_hd128"),
+        ("numba", "rmsnorm_kernel_t256"),
+    ):
+        info = catalogue.describe(backend, label)
+        counts = launch_counts.LaunchCounts([(0, 1.0)], 1e9, 1e8, 3e8) if info.fma_exact else None
+        points.append((info, roofline.bound(info, h200, counts)))
+    measured = [calibration.Calibration("gemm v3 qkv", "numba", "", "TFLOP/s", 12.5, "gemm_v3_none", "numba", 30.0)]
+    path = roofline.plot(points, h200, tmp_path / "r.png", measured)
     assert path.stat().st_size > 10_000
 
 
@@ -459,7 +636,12 @@ def test_report_covers_every_kernel_of_both_backends(tmp_path):
         assert int(row["blocks_per_sm"]) >= 1 or row["limiter"] == "cannot launch", row
         if row["k3"] == "True" and row["family"] in ("gemm", "attention"):
             assert float(row["roofline_us"]) > 0 and row["hot_loop_per_fma"], row
-    assert (tmp_path / "xray.md").read_text().count("## ") >= 10
+            assert row["roof_shared_us"] and row["roof_issue_us"] and row["roofline_limit"] in roofline.ROOFS, row
+    md = (tmp_path / "xray.md").read_text()
+    assert md.count("## ") >= 10 and "## Calibration against a GPU run" in md
+    from moonvit_kernels.xray import calibration
+
+    assert ("No GPU run yet" in md) == (not calibration.results_files())  # said plainly until a run lands
     assert (tmp_path / "roofline_H200.png").exists() and (tmp_path / "hot_loop_instr_per_fma.png").exists()
     assert "model, no GPU" in r.stdout
     # the KERNEL filter (cubins now cached): one family, and a name that matches nothing
@@ -537,6 +719,103 @@ def test_numba_rope_qkv_loads_and_stores_are_fully_coalesced():
     assert sorted(s.kind for s in qkv) == ["LDG", "LDG", "STG"]  # the value, its pair partner; the value
     for s in qkv:  # H=12, hd=128, 128 threads: 24 passes of 4 warps, each 32 floats = 4 sectors
         assert (s.requests, s.per_request, s.factor, s.worst) == (96, 4.0, 1.0, 1.0), (s.where, s.code)
+
+
+# ============================================================================ issue 21: shared roof (compile tier)
+def _cuda_functions(labels):
+    from moonvit_kernels.xray import build
+
+    if sass.nvdisasm_path() is None:
+        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
+    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
+    return {
+        b.label: max(sass.disassemble_file(b.cubin_path), key=lambda f: len(f.instructions))
+        for b in build.binaries("cuda", "sm_90")
+        if b.label in labels
+    }
+
+
+def _ops(loop, *opcodes):
+    """How many of `loop`'s own instructions have one of `opcodes` (opcode plus modifiers, e.g. LDS.128)."""
+    return sum(1 for i in loop.own if f"{i.opcode}{i.modifiers}" in opcodes)
+
+
+def _hand_counts():
+    """Shared-memory wavefronts of four K3 launches counted by hand: the SASS instructions of one trip of
+    each loop x the trips the kernel's tiling makes x the warps of the launch (wavefronts per instruction:
+    1 for 4-byte LDS/STS, 4 for LDS.128, ldmatrix.x4 and 16-byte cp.async; conflict-free, as the trace
+    tests of these kernels establish). Returns {label: (SASS function, wavefronts per launch)}."""
+    from moonvit_kernels.numba_backend import attention as A
+    from moonvit_kernels.numba_backend import gemm as G
+
+    L, H, hd = catalogue.L, catalogue.HEADS, catalogue.HD
+    M, N, K = catalogue.L, 3 * catalogue.Q, catalogue.D  # wqkv, the "none" epilogue's K3 GEMM
+    numba = _numba_functions(("gemm_v3_none", "attention_v2_hd128"))
+    cuda = _cuda_functions(("gemm_fp32_simt_none", "flash_attn_bf16_hd128"))
+    out = {}
+
+    # numba GEMM v3: the k loop trips 2x per BK = 16 slab (8 k-steps of TM x TN = 16 FFMA per trip),
+    # 64 single-word LDS per trip; staging: V3_LOADS_A + V3_LOADS_B STS per thread per slab
+    fn = numba["gemm_v3_none"]
+    (kloop,) = fn.fma_loops
+    assert (kloop.fmas, _ops(kloop, "LDS")) == (128, 64), "premise of the hand count changed: " + str(kloop.mix)
+    trips = G.BK * G.TM * G.TN // kloop.fmas
+    per_warp_slab = trips * 64 + (G.V3_LOADS_A + G.V3_LOADS_B)
+    warps = (M // G.BM) * (N // G.BN) * (G.V3_THREADS // 32)
+    out["gemm_v3_none"] = (fn, warps * (K // G.BK) * per_warp_slab)
+
+    # numba attention v2 (hd 128, 32 x 16 tiles): per key tile a thread runs the QK loop (16 FFMA, 32 LDS
+    # a trip, hd / 16 trips) and the PV loop (64 FFMA, 72 LDS, BK x hd / BK / 64 trips), reads BK scores for
+    # the running max, stores its score and its probability, and stages 2 x BK x hd / threads K and V values
+    label = next(k for k in numba if k.startswith("attention_v2_hd128"))
+    fn = numba[label]
+    qk, pv = fn.fma_loops
+    assert (qk.fmas, _ops(qk, "LDS"), pv.fmas, _ops(pv, "LDS")) == (16, 32, 64, 72), "premise changed"
+    bq, bk = A.V2_BLOCK_Q, A.V2_BLOCK_K
+    per_warp_tile = (hd // 16) * 32 + (bk * (hd // bk) // 64) * 72 + bk + 2 + 2 * bk * hd // (bq * bk)
+    warps = (L // bq) * H * (bq * bk // 32)
+    out[label] = (fn, warps * (L // bk) * per_warp_tile)
+
+    # CUDA fp32 GEMM (gemm_fp32.cu: 64 x 64 tile, BK = 16, 256 threads, 4 x 4 per thread): one trip of its
+    # loop per slab: 16 k-steps x (LDS.128 of A + LDS.128 of B) and 4 + 4 STS staging the next slab
+    fn = cuda["gemm_fp32_simt_none"]
+    loop = fn.hot_loop
+    assert (loop.fmas, _ops(loop, "LDS.128"), _ops(loop, "STS")) == (256, 32, 8), "premise changed"
+    per_warp_slab = 32 * 4 + 8
+    out["gemm_fp32_simt_none"] = (fn, (M // 64) * (N // 64) * (256 // 32) * (K // 16) * per_warp_slab)
+
+    # CUDA flash bf16 (attention.cu: BQ = BKV = 64, 4 warps of 16 query rows): per key tile a warp does
+    # 64 + 64 HMMA.16816 (S = Q·Kᵀ, O += P·V), reading K and V with 32 + 32 ldmatrix.x4; the block
+    # copies the next K and V tiles with 16-byte cp.async, 2 x 64 x 128 x 2 B / 16 B / 128 threads = 16
+    # per thread; plus the main loop's own single-word LDS
+    fn = cuda["flash_attn_bf16_hd128"]
+    loop = fn.hot_loop
+    ldsm = _ops(loop, "LDSM.16.M88.4", "LDSM.16.MT88.4")
+    assert (loop.mix["mma"], ldsm) == (128, 64), "premise changed: " + str(loop.mix)
+    per_warp_tile = ldsm * 4 + 16 * 4 + _ops(loop, "LDS")
+    out["flash_attn_bf16_hd128"] = (fn, (L // 64) * H * 4 * (L // 64) * per_warp_tile)
+    return out
+
+
+@pytest.mark.compile
+@pytest.mark.timeout(900)
+def test_issue21_shared_roof_binds_and_agrees_with_a_count_by_hand():
+    """The X-ray's shared-memory roof (FMA loops scaled by the FLOPs, `launch_counts`) against wavefronts
+    counted by hand (instructions per loop trip x trips x warps), H200, K3 shapes, model, no GPU: never above
+    the hand count (the X-ray leaves the staging loops out) and within 15% of it (issue 21 asks for 1.5x; the
+    tighter band catches a model that drops a loop, e.g. attention v2's QK loop), and it binds for all four."""
+    h200 = arch.GPUS["H200"]
+    report_lines = []
+    for label, (fn, hand) in _hand_counts().items():
+        backend = "numba" if label.startswith(("gemm_v", "attention_v")) else "cuda"
+        info = catalogue.describe(backend, label)
+        counts = launch_counts.count(fn, info.flops, info.fma_shares)
+        bound = roofline.bound(info, h200, counts)
+        hand_s = hand / h200.shared_wavefronts_per_s
+        ratio = bound.roofs["shared"] / hand_s
+        report_lines.append(f"{label}: X-ray {bound.roofs['shared'] * 1e6:.0f} us, hand {hand_s * 1e6:.0f} us")
+        assert 0.85 <= ratio <= 1.0 + 1e-9, f"{label}: X-ray / hand = {ratio:.2f} ({report_lines[-1]})"
+        assert bound.limit == "shared", f"{label}: {bound.limit} binds ({bound.roofs})"
 
 
 # ============================================================================ CUDA C kernels on the emulator

@@ -39,6 +39,7 @@ import numpy as np
 from .. import reference
 from ..config import VisionConfig
 from ..weights import bf16_bits_to_float32, check_weights, float32_to_bf16_bits
+from . import preflight as hopper_preflight
 from . import routing
 from . import sources as kcuda
 from .launchers import dtype_name
@@ -60,6 +61,7 @@ class CupyBackend:
         kernels: Any = None,
         hopper: bool | None = None,
         hopper_kernels: Any = None,
+        preflight: Callable[[int], tuple[bool, str]] | None = None,
     ):
         """`kernels` is the launcher module (default `moonvit_kernels.cuda_backend.launchers`); another module with
         the same functions and an `array_module()` can stand in (the CPU emulation tests use one; its
@@ -68,11 +70,14 @@ class CupyBackend:
         `hopper`: None (default) uses the Hopper kernels on compute capability 9.0 devices unless the
         environment sets MOONVIT_HOPPER=0; True demands them (ValueError on another device or with
         dtype float32); False never uses them. `hopper_kernels` is their launcher module (default
-        `hopper_launchers`; the emulation tests pass `emulation.hopper`)."""
+        `hopper_launchers`; the emulation tests pass `emulation.hopper`). `preflight(head_dim) -> (ok, why)`
+        decides, before they are enabled, whether the Hopper kernels may run (default on a GPU:
+        `preflight.hopper_gate`, their probes in a subprocess with a timeout; none with stand-in `kernels`)."""
         if dtype not in DTYPES:
             raise ValueError(f"CupyBackend dtype must be 'bfloat16' or 'float32', got {dtype!r}")
         check_weights(weights, config)
         kcuda.check_head_dim(config.head_dim)
+        on_device = kernels is None
         if kernels is None:
             from . import launchers as kernels
 
@@ -88,6 +93,10 @@ class CupyBackend:
         self.hopper, self.hopper_reason = routing.hopper_enabled(hopper, capability, os.environ)
         if self.hopper and dtype != "bfloat16":
             self.hopper, self.hopper_reason = False, "off (float32 backend: the Hopper kernels are bf16)"
+        if self.hopper and (preflight is not None or on_device):
+            ok, why = (preflight or hopper_preflight.hopper_gate)(config.head_dim)
+            if not ok:
+                self.hopper, self.hopper_reason = False, f"off ({why})"
         self.capability = capability
         self.kernel_calls: Counter = Counter()  # launches per kernel name
         self._sm90_gemm = self._sm90_attention = None

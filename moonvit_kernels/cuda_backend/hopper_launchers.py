@@ -3,10 +3,12 @@
 Same API as `launchers.gemm` / `launchers.attention` for bf16 operands. Differences from the
 mma.sync launchers:
 - the kernels need sm_90a (wgmma, setmaxnreg), so each file is compiled here by NVRTC for sm_90a
-  to a cubin (`nvrtc_check.compile_text`, the compile tier's own options) and loaded with
-  `cupy.RawModule(path=...)`; kernels are looked up by their mangled names;
-- the operands are passed as tensor maps (`tensor_maps.py`, encoded by the driver), by value, as
-  64-byte aligned 128-byte structs (a NumPy structured scalar; CuPy passes structs by value);
+  to a cubin (`nvrtc_check.compile_text` with the run-time options, `sources.runtime_options`) and
+  loaded with `cupy.RawModule(path=...)`; kernels are looked up by their mangled names (on the CPU
+  emulator's device the source itself is built);
+- the operands are passed as tensor maps (`tensor_maps.encode`: the driver's encoder on a GPU, the
+  emulator's model of it on the CPU), by value, as 64-byte aligned 128-byte structs (a NumPy
+  structured scalar; CuPy passes structs by value);
 - the blocks use more than 48 KB of dynamic shared memory (`max_dynamic_shared_size_bytes`).
 Use them only behind `selfcheck.FirstUseCheck` (trusted side: the mma.sync launchers) on devices
 of compute capability 9.0. `SMEM_BYTES` mirror the kernels' configs (checked against the emulator).
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from moonvit_kernels.cuda_backend import nvrtc_check, tensor_maps
+from moonvit_kernels.cuda_backend import launchers, nvrtc_check, tensor_maps
 from moonvit_kernels.cuda_backend import sources as kcuda
 
 GEMM_SOURCE, ATTENTION_SOURCE = "gemm_bf16_sm90.cu", "flash_attn_sm90.cu"
@@ -30,10 +32,8 @@ ATTENTION_HEAD_DIMS = tuple(range(8, 129, 8))
 
 
 def array_module() -> Any:
-    """CuPy (the launchers take and return CuPy arrays)."""
-    import cupy as cp
-
-    return cp
+    """The launchers' device API (`launchers.array_module`: CuPy, or the CPU emulator's device)."""
+    return launchers.array_module()
 
 
 def gemm_smem_bytes(block_n: int) -> int:
@@ -58,12 +58,33 @@ def gemm_names() -> tuple[str, ...]:
     return tuple(gemm_name(o, e, bn) for bn in (128, 256) for o in ("float32", "bfloat16") for e in kcuda.EPILOGUES)
 
 
-@functools.cache
-def _module(device_id: int, source: str, names: tuple[str, ...]) -> tuple[Any, dict[str, str]]:
-    """(RawModule, {name expression: mangled name}) of `source` built for sm_90a, for device `device_id`."""
-    import cupy as cp
+# ptxas logs (registers, spills) of the Hopper modules this process built, by source: gpu_check reports them
+BUILD_LOGS: dict[str, str] = {}
 
-    cubin, _, lowered = nvrtc_check.compile_text(kcuda.load_source(source), source, names, kcuda.HOPPER_ARCH)
+
+def _regs_at_entry(name: str) -> int | None:
+    """Registers per thread the kernel `name` starts with (its catalogue bound: __launch_bounds__ decides it)."""
+    return next((s.max_registers for s in kcuda.hopper_specs(ATTENTION_HEAD_DIMS) if s.name == name), None)
+
+
+@functools.cache
+def _module(device: tuple[str, int], source: str, names: tuple[str, ...]) -> tuple[Any, dict[str, str]]:
+    """(RawModule, {name expression: symbol}) of `source` built for sm_90a, for `device` (API, id).
+
+    On a GPU: NVRTC compiles a cubin with the run-time options (`sources.runtime_options`), loaded
+    by `RawModule(path=...)`, kernels found by their mangled names. On the emulated device the same
+    source text goes to the emulator, which builds it against its sm_90a models."""
+    cp = array_module()
+    if launchers.is_emulated():
+        module = cp.RawModule(
+            code=kcuda.load_source(source), options=(f"-arch={kcuda.HOPPER_ARCH}",), name_expressions=names,
+            regs_at_entry=_regs_at_entry,
+        )  # fmt: skip
+        return module, {n: n for n in names}
+    cubin, log, lowered = nvrtc_check.compile_text(
+        kcuda.load_source(source), source, names, kcuda.HOPPER_ARCH, strict=False
+    )
+    BUILD_LOGS[source] = log
     fd, path = tempfile.mkstemp(suffix=f".{source}.sm_90a.cubin")
     with os.fdopen(fd, "wb") as f:
         f.write(cubin)
@@ -71,26 +92,28 @@ def _module(device_id: int, source: str, names: tuple[str, ...]) -> tuple[Any, d
 
 
 def _kernel(source: str, name: str, names: tuple[str, ...], smem: int) -> Any:
-    import cupy as cp
-
-    module, lowered = _module(cp.cuda.Device().id, source, names)
+    module, lowered = _module(launchers._device_key(), source, names)
     kernel = module.get_function(lowered[name])
     kernel.max_dynamic_shared_size_bytes = smem
     return kernel
 
 
 @functools.cache
-def _map_dtype() -> np.dtype:
-    import cupy as cp
+def _map_dtype(api: str) -> np.dtype:
+    return array_module().make_aligned_dtype(np.dtype([("opaque", np.uint64, (16,))]), alignment=64)
 
-    return cp.make_aligned_dtype(np.dtype([("opaque", np.uint64, (16,))]), alignment=64)
+
+def _encoder() -> Any:
+    """The final step of tensor-map encoding: the driver's entry point, or the emulator's model of it."""
+    return array_module().tensor_map_encoder() if launchers.is_emulated() else None
 
 
 def _map_arg(m: tensor_maps.TiledMap, address: int) -> Any:
-    """The tensor map as a by-value kernel argument."""
+    """The tensor map as a by-value kernel argument (a 128-byte struct aligned to 64)."""
     if address % 16:
-        raise ValueError("tensor maps need 16-byte aligned global addresses")
-    return np.frombuffer(tensor_maps.encode(m, address).tobytes(), dtype=_map_dtype())[0]
+        raise ValueError(f"tensor maps need 16-byte aligned global addresses, got {address:#x}")
+    words = tensor_maps.encode(m, address, _encoder())
+    return np.frombuffer(words.tobytes(), dtype=_map_dtype(array_module().__name__))[0]
 
 
 def _check_bf16(*arrays: Any) -> None:
@@ -147,8 +170,7 @@ def check_attention_args(qkv: Any, cu_seqlens: Any, num_heads: int, head_dim: in
 def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32", block_n: int = 128):
     """C = epilogue(a·bᵀ) by gemm_bf16_sm90 (bf16 a [M, K], b [N, K], K % 8 == 0); see launchers.gemm."""
     check_gemm_args(a, b, epilogue, residual, out, out_dtype, block_n)
-    import cupy as cp
-
+    cp = array_module()
     M, K = a.shape
     N = b.shape[0]
     map_a = _map_arg(tensor_maps.gemm_operand_map(M, K), a.data.ptr)
@@ -167,8 +189,7 @@ def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32",
 def attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
     """Packed non-causal attention by flash_attn_sm90 (bf16 qkv, head_dim % 8 == 0, <= 128); see launchers.attention."""
     cu_host = check_attention_args(qkv, cu_seqlens, num_heads, head_dim)
-    import cupy as cp
-
+    cp = array_module()
     L = qkv.shape[0]
     cu = cp.asarray(cu_host) if cu_seqlens_device is None else cu_seqlens_device
     sw, raw = (_map_arg(m, qkv.data.ptr) for m in tensor_maps.attention_qkv_maps(L, num_heads, head_dim))

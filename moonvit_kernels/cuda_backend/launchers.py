@@ -10,7 +10,7 @@ CUDA context of the whole process, so those checks happen on the host, before th
 bfloat16 arrays: CuPy has no bfloat16 dtype, so bf16 tensors are `cupy.uint16` arrays holding the
 bf16 bit patterns (`to_bf16` / `from_bf16` convert). A dtype "name" below is "float32" or
 "bfloat16". CuPy is imported lazily: this module imports without it, and the host-side index
-tables (`token_positions`, `merge_sources`, `cu_seqlens_int32`) need only NumPy.
+tables (`token_positions`, `merge_sources`, `cu_seqlens_int32`, from `moonvit_kernels.packing`) need only NumPy.
 
 Modules are compiled by NVRTC on first use (`cupy.RawModule`, template kernels through
 `name_expressions`) with the same source text and options as the compile check
@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import packing
 from . import sources as kcuda
 
 FLOAT32 = "float32"
@@ -37,7 +38,23 @@ DTYPE_NAMES = (FLOAT32, BFLOAT16)
 LOG2E = 1.4426950408889634
 
 
+# The device API the launchers run on: CuPy, or a stand-in with CuPy's interface pushed here (the CPU
+# emulator, `emulation.device.activated()`), so that tests run these very launchers without a GPU.
+_DEVICE_APIS: list[Any] = []
+
+
+def push_device_api(api: Any) -> None:
+    """Run the launchers on `api` (a module with CuPy's interface) until `pop_device_api`."""
+    _DEVICE_APIS.append(api)
+
+
+def pop_device_api() -> None:
+    _DEVICE_APIS.pop()
+
+
 def _cupy() -> Any:
+    if _DEVICE_APIS:
+        return _DEVICE_APIS[-1]
     try:
         import cupy
     except ImportError as e:
@@ -46,49 +63,20 @@ def _cupy() -> Any:
 
 
 def array_module() -> Any:
-    """The array library these launchers take and return (cupy)."""
+    """The array library these launchers take and return: CuPy, or the active emulated device."""
     return _cupy()
 
 
+def is_emulated() -> bool:
+    """True when the launchers run on the CPU emulator's device."""
+    return bool(getattr(_cupy(), "EMULATED", False))
+
+
 # ============================================================================ host-side index tables
-def cu_seqlens_int32(grid_thws: Any) -> np.ndarray:
-    """`[0, t0·h0·w0, ...]` (int32, length N + 1): token offsets of the packed items."""
-    g = np.asarray(grid_thws, dtype=np.int64).reshape(-1, 3)
-    out = np.concatenate([[0], np.cumsum(np.prod(g, axis=1))])
-    if out[-1] > np.iinfo(np.int32).max:
-        raise ValueError(f"{out[-1]} tokens do not fit the kernels' int32 indices")
-    return out.astype(np.int32)
-
-
-def token_positions(grid_thws: Any) -> np.ndarray:
-    """`[L, 4]` int32 rows `(item, frame, row, col)`: where each packed token's patch sits.
-
-    Tokens of item `(t, h, w)` run frame by frame, then row by row; every frame repeats the
-    same (row, col) grid (RoPE and the position grid are per frame)."""
-    parts = []
-    for item, (t, h, w) in enumerate(np.asarray(grid_thws, dtype=np.int64).reshape(-1, 3).tolist()):
-        idx = np.arange(t * h * w)
-        frame, within = np.divmod(idx, h * w)
-        row, col = np.divmod(within, w)
-        parts.append(np.stack([np.full_like(idx, item), frame, row, col], axis=1))
-    return np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.int32)
-
-
-def merge_sources(grid_thws: Any, merge_kernel_size: tuple[int, int]) -> np.ndarray:
-    """`[M, 4]` int32 rows `(base, t, frame_stride, w)` for merge.cu, one per merged token.
-
-    Merged token `(i, j)` of item `(t, h, w)` starting at token `s`: `base = s + kh·i·w + kw·j`
-    (slot (0, 0) of frame 0), `frame_stride = h·w`; slot `(a, b)` of frame `f` is token
-    `base + f·h·w + a·w + b`. Merged tokens are numbered item by item, `m = i·(w/kw) + j`."""
-    kh, kw = merge_kernel_size
-    parts = []
-    start = 0
-    for t, h, w in np.asarray(grid_thws, dtype=np.int64).reshape(-1, 3).tolist():
-        i, j = np.divmod(np.arange((h // kh) * (w // kw)), w // kw)
-        base = start + kh * i * w + kw * j
-        parts.append(np.stack([base, np.full_like(base, t), np.full_like(base, h * w), np.full_like(base, w)], axis=1))
-        start += t * h * w
-    return np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.int32)
+# (one definition, in moonvit_kernels.packing; the names the CUDA C backend has always used)
+cu_seqlens_int32 = packing.cu_seqlens
+token_positions = packing.token_positions
+merge_sources = packing.merge_sources
 
 
 # ============================================================================ bf16 on the device
@@ -189,13 +177,27 @@ def _vector_bytes(dtype: str, n: int) -> int:
 
 # ============================================================================ the current device
 def _device_id() -> int:
-    """The current CUDA device (cudaGetDevice): every per-process cache below is keyed by it."""
+    """The current CUDA device (cudaGetDevice)."""
     return int(_cupy().cuda.runtime.getDevice())
 
 
-@functools.cache
+def _api_name() -> str:
+    api = _cupy()
+    return getattr(api, "__name__", type(api).__name__)
+
+
+def _device_key() -> tuple[str, int]:
+    """(device API, current device): every per-process cache below is keyed by it."""
+    return _api_name(), _device_id()
+
+
 def _compute_capability(device_id: int) -> int:
     """Compute capability of device `device_id` as an int (90 for sm_90)."""
+    return _cached_capability(_api_name(), device_id)
+
+
+@functools.cache
+def _cached_capability(api: str, device_id: int) -> int:
     return int(_cupy().cuda.Device(device_id).compute_capability)
 
 
@@ -203,17 +205,25 @@ def _compute_capability(device_id: int) -> int:
 _ATTR_SMEM_OPTIN = 97
 
 
-@functools.cache
 def _optin_smem(device_id: int) -> int:
     """Shared memory one block may use on device `device_id` after opting in, bytes (read from the device)."""
+    return _cached_optin_smem(_api_name(), device_id)
+
+
+@functools.cache
+def _cached_optin_smem(api: str, device_id: int) -> int:
     rt = _cupy().cuda.runtime
     attr = getattr(rt, "cudaDevAttrMaxSharedMemoryPerBlockOptin", _ATTR_SMEM_OPTIN)
     return int(rt.deviceGetAttribute(attr, device_id))
 
 
-@functools.cache
 def _nvrtc_major() -> int | None:
     """Major version of the NVRTC CuPy compiles with (its headers must match), None when CuPy cannot say."""
+    return _cached_nvrtc_major(_api_name())
+
+
+@functools.cache
+def _cached_nvrtc_major(api: str) -> int | None:
     try:
         return int(_cupy().cuda.nvrtc.getVersion()[0])
     except Exception:  # an old CuPy without the query: let the header search take any version
@@ -241,24 +251,28 @@ def check_attention_supported(head_dim: int, dtype: str) -> None:
 
 # ============================================================================ modules
 @functools.cache
-def _module(device_id: int, source: str, names: tuple[str, ...]) -> Any:
-    """The RawModule of `source` for device `device_id` (called while it is current)."""
+def _module(device: tuple[str, int], source: str, names: tuple[str, ...]) -> Any:
+    """The RawModule of `source` for `device` (API, id; called while it is current)."""
     cp = _cupy()
     require_sm80()
+    if not is_emulated():
+        from .toolchain import check_toolchain
+
+        check_toolchain()  # one clear message when a pip compiler is ahead of the driver
     options = kcuda.compile_options(_nvrtc_major())
     return cp.RawModule(code=kcuda.load_source(source), options=options, name_expressions=names)
 
 
 @functools.cache
-def _kernel(device_id: int, source: str, name: str, head_dim: int = 128) -> tuple[Any, kcuda.KernelSpec]:
-    """The compiled kernel `name` from `source` on device `device_id` (the current one) and its catalogue
+def _kernel(device: tuple[str, int], source: str, name: str, head_dim: int = 128) -> tuple[Any, kcuda.KernelSpec]:
+    """The compiled kernel `name` from `source` on `device` (API, id: the current one) and its catalogue
     entry, looked up once per device; kernels needing more than 48 KB of dynamic shared memory get
     the attribute raised on that device."""
     specs = [s for s in kcuda.kernel_specs((head_dim,)) if s.source == source]
     spec = next((s for s in specs if s.name == name), None)
     if spec is None:
         raise ValueError(f"{name} is not an instantiation of {source} in the kernel catalogue")
-    kernel = _module(device_id, source, tuple(s.name for s in specs)).get_function(name)
+    kernel = _module(device, source, tuple(s.name for s in specs)).get_function(name)
     if spec.dynamic_smem > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = spec.dynamic_smem
     return kernel, spec
@@ -324,7 +338,7 @@ def gemm(
         out = cp.empty((M, N), dtype=_storage_dtype(out_dtype))
     r = residual if residual is not None else out  # unread unless the epilogue is "residual"
 
-    dev = _device_id()
+    dev = _device_key()
     if a_dt == BFLOAT16:  # a and b: 16-byte cp.async chunks when aligned, else the scalar path
         kernel, spec = _kernel(dev, "gemm_bf16.cu", kcuda.gemm_bf16_name(out_dtype, epilogue))
         vec = K % 8 == 0 and _aligned(a, b)
@@ -367,7 +381,7 @@ def rmsnorm(
         check_aligned("rmsnorm: weight", device_pointer(weight), _vector_bytes(FLOAT32, 4), why)
         check_aligned("rmsnorm: out", device_pointer(out), _vector_bytes(out_dtype, 4), why)
     rstd = cp.empty((rows,), dtype=cp.float32)
-    kernel, spec = _kernel(_device_id(), "rmsnorm.cu", kcuda.rmsnorm_name(in_dt, out_dtype))
+    kernel, spec = _kernel(_device_key(), "rmsnorm.cu", kcuda.rmsnorm_name(in_dt, out_dtype))
     kernel(
         (_grid(rows, "rmsnorm rows", 2**31 - 1),), (spec.threads,), (x, weight, out, rstd, np.int32(D), np.float32(eps))
     )
@@ -392,7 +406,7 @@ def rope_inplace(qkv: Any, token_pos: Any, freqs: Any, num_heads: int, head_dim:
         raise ValueError(f"rope: freqs has shape {freqs.shape}, expected ({head_dim // 4},)")
     check_aligned("rope: qkv", device_pointer(qkv), _vector_bytes(dt, 4), "the kernel's 4-wide loads and stores")
     total = L * 2 * num_heads * (head_dim // 4)
-    kernel, spec = _kernel(_device_id(), "rope.cu", kcuda.rope_name(dt))
+    kernel, spec = _kernel(_device_key(), "rope.cu", kcuda.rope_name(dt))
     blocks = _grid(-(-total // spec.threads), "rope blocks", 2**31 - 1)
     kernel(
         (blocks,),
@@ -433,7 +447,7 @@ def attention(
     max_len = int(np.max(np.diff(cu)))
     out = cp.empty((L, Q), dtype=_storage_dtype(dt))
     lse = cp.empty((L, num_heads), dtype=cp.float32)
-    kernel, spec = _kernel(_device_id(), "attention.cu", kcuda.attention_name(head_dim, dt), head_dim)
+    kernel, spec = _kernel(_device_key(), "attention.cu", kcuda.attention_name(head_dim, dt), head_dim)
     rows_per_block = 64 if dt == BFLOAT16 else 16  # BQ of AttnBf16Cfg / AttnFp32Cfg
     grid = (
         _grid(-(-max_len // rows_per_block), "attention query tiles", 2**31 - 1),
@@ -475,7 +489,7 @@ def add_position_embedding_inplace(
     _int_array(grid_thws, "pos_emb: grid_thws", (None, 3))
     if mode not in ("bilinear", "bicubic"):
         raise ValueError(f"pos_emb: mode must be 'bilinear' or 'bicubic', got {mode!r}")
-    kernel, spec = _kernel(_device_id(), "pos_emb.cu", kcuda.pos_emb_name(mode))
+    kernel, spec = _kernel(_device_key(), "pos_emb.cu", kcuda.pos_emb_name(mode))
     kernel(
         (_grid(L, "pos_emb tokens", 2**31 - 1),),
         (spec.threads,),
@@ -496,7 +510,7 @@ def tpool_merge(x: Any, merge_src: Any, merge_kernel_size: tuple[int, int], out_
     if M < 1 or kh < 1 or kw < 1:
         raise ValueError(f"merge: nothing to merge (M={M}, merge_kernel_size={(kh, kw)})")
     out = cp.empty((M, kh * kw * D), dtype=_storage_dtype(out_dtype))
-    kernel, spec = _kernel(_device_id(), "merge.cu", kcuda.merge_name(in_dt, out_dtype))
+    kernel, spec = _kernel(_device_key(), "merge.cu", kcuda.merge_name(in_dt, out_dtype))
     kernel(
         (_grid(M, "merge tokens", 2**31 - 1),),
         (spec.threads,),

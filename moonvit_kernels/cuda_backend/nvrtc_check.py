@@ -11,8 +11,8 @@ the NVRTC's CUDA major) and template instantiations the CuPy launchers use, plus
 (ptxas reports registers, spills and shared memory per kernel). The report is a table
 kernel | arch | registers | spills | stack | shared memory, and a kernel fails when it did not
 compile, spills, has a larger stack frame than allowed (`KernelSpec.max_stack`), exceeds its
-register bound (`KernelSpec.max_registers`) or 65536 registers per block, or needs more shared
-memory than the architecture gives a block.
+register bound (`KernelSpec.max_registers`) or the register file's launch rule (`launch_rules`:
+per warp, per SM sub-partition), or needs more shared memory than the architecture gives a block.
 
 Architectures: sm_80 and sm_90 build the portable files; sm_90a (`--gpu-architecture=sm_90a`, the
 arch-specific features wgmma, tensor copies and setmaxnreg) builds the Hopper files
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import re
 import sys
 from collections.abc import Sequence
@@ -38,7 +39,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import launch_rules
 from . import sources as kcuda
+
+# Worker processes start by spawn: a fork of a process with other threads (the X-ray runs this beside a
+# thread that imports modules) can copy a held import lock into the child, which then waits forever.
+_SPAWN = multiprocessing.get_context("spawn")
 
 ARCHS = ("sm_80", "sm_90", "sm_90a")  # sm_90a: the Hopper files only
 # Shared memory one block may use after opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
@@ -51,7 +57,6 @@ def check_arch(arch: str) -> None:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(SMEM_PER_BLOCK)}")
 
 
-REGISTERS_PER_BLOCK = 65536
 # Head dims compiled by default: the real model (128), the tiny test config (24), and one more.
 DEFAULT_HEAD_DIMS = (128, 24, 64)
 
@@ -103,15 +108,15 @@ def _checked(result: tuple, what: str):
     return rest[0] if len(rest) == 1 else rest
 
 
-def nvrtc_options(arch: str) -> list[str]:
-    """Options for the compile check: the launchers' options + architecture, warnings as errors, ptxas -v."""
-    return [
-        *kcuda.compile_options(),
-        f"--gpu-architecture={arch}",
-        "-Werror=all-warnings",
-        "-Xptxas=-v",
-        "-Xptxas=--warn-on-spills",
-    ]
+def nvrtc_options(arch: str, strict: bool = True) -> list[str]:
+    """NVRTC options for `arch`: the run-time options the launchers compile with (`sources.runtime_options`:
+    the shared options, the architecture, ptxas -v for the register log) and, for the compile check
+    (`strict`), warnings as errors and spill warnings. `-Werror=all-warnings` is a compile-tier option
+    only: NVRTC 13.0 (the CUDA of driver 580) does not know it."""
+    opts = list(kcuda.runtime_options(arch))
+    if strict:
+        opts += ["-Werror=all-warnings", "-Xptxas=--warn-on-spills"]
+    return opts
 
 
 def compile_cubin(source: str, names: Sequence[str], arch: str) -> tuple[bytes, str, dict[str, str]]:
@@ -119,8 +124,11 @@ def compile_cubin(source: str, names: Sequence[str], arch: str) -> tuple[bytes, 
     return compile_text(kcuda.load_source(source), source, names, arch)
 
 
-def compile_text(text: str, filename: str, names: Sequence[str], arch: str) -> tuple[bytes, str, dict[str, str]]:
-    """Compile CUDA C++ `text` with the name expressions `names` for `arch` (`nvrtc_options`).
+def compile_text(
+    text: str, filename: str, names: Sequence[str], arch: str, strict: bool = True
+) -> tuple[bytes, str, dict[str, str]]:
+    """Compile CUDA C++ `text` with the name expressions `names` for `arch` (`nvrtc_options(arch, strict)`;
+    the launchers compile with `strict=False`, the run-time options).
 
     Returns (cubin, NVRTC + ptxas log, {name expression: mangled name}); CompileError on failure."""
     nvrtc = _nvrtc()
@@ -128,7 +136,7 @@ def compile_text(text: str, filename: str, names: Sequence[str], arch: str) -> t
     try:
         for n in names:
             _checked(nvrtc.nvrtcAddNameExpression(prog, n.encode()), f"nvrtcAddNameExpression({n})")
-        opts = [o.encode() for o in nvrtc_options(arch)]
+        opts = [o.encode() for o in nvrtc_options(arch, strict)]
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _checked(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
         buf = b" " * size
@@ -192,8 +200,8 @@ def judge(spec: kcuda.KernelSpec, info: PtxasInfo | None, arch: str, warnings: S
         problems.append(f"{info.stack_bytes} B stack frame (local memory) > allowed {spec.max_stack} B")
     if info.registers > spec.max_registers:
         problems.append(f"{info.registers} registers > bound {spec.max_registers}")
-    if info.registers * spec.threads > REGISTERS_PER_BLOCK:
-        problems.append(f"{info.registers} x {spec.threads} threads > {REGISTERS_PER_BLOCK} registers per block")
+    if register_problem := launch_rules.register_problem(info.registers, spec.threads):
+        problems.append(register_problem)
     smem = info.static_smem + spec.dynamic_smem
     limit = SMEM_PER_BLOCK.get(arch, 48 * 1024)
     if smem > limit:
@@ -252,7 +260,7 @@ def build_cubins(
     jobs = [(s, arch) for s in kcuda.specs_for(arch, tuple(head_dims))]
     if workers <= 1:
         return [_cubin_job(j) for j in jobs]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_SPAWN) as pool:
         return list(pool.map(_cubin_job, jobs))
 
 
@@ -301,7 +309,7 @@ def run_checks(
     if workers <= 1:
         results = [_check_job(j) for j in jobs]
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=_SPAWN) as pool:
             results = list(pool.map(_check_job, jobs))
     return [r for rs in results for r in rs]
 

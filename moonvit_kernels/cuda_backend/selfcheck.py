@@ -8,9 +8,8 @@ the rest of the process. Meant for the Hopper kernels (gemm_bf16_sm90, flash_att
 devices, with the mma.sync kernels as the trusted side; `gemm_probe` and `attention_probe` are the
 small problems, for any array module `xp` (CuPy on a GPU, NumPy on the emulator).
 
-`python -m moonvit_kernels.cuda_backend.selfcheck` runs the Hopper kernels' checks (`hopper_checks`:
-GEMM at both tile widths, attention) on the current sm_90 GPU and prints the verdicts as JSON;
-gpu_check runs it in a subprocess before timing the Hopper kernels.
+This is the numeric guard at the first real call. Whether the Hopper kernels may run at all (no fault,
+no hang) is decided before, by `preflight` (their probes in a subprocess with a timeout).
 """
 
 from __future__ import annotations
@@ -115,36 +114,3 @@ def hopper_checks(xp: Any, hopper: Any, trusted: Any, head_dim: int = 128) -> di
             "flash_attn_sm90", hopper.attention, trusted.attention, attention_probe(xp, head_dim), 1e-2
         ),
     }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m moonvit_kernels.cuda_backend.selfcheck [--head-dim HD]`: run the Hopper kernels' first-use
-    checks on the current GPU (compute capability 9.0) against the mma.sync kernels; print one JSON line
-    {check: {"ok", "error", "why"}}; exit status 0 when all pass. Meant to run in a process of its own
-    (gpu_check does), so that a faulting kernel cannot spoil the caller's CUDA context."""
-    import argparse
-    import json
-
-    p = argparse.ArgumentParser(prog="python -m moonvit_kernels.cuda_backend.selfcheck", description=main.__doc__)
-    p.add_argument("--head-dim", type=int, default=128)
-    args = p.parse_args(argv)
-    from . import hopper_launchers, launchers
-
-    results = {}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", SelfCheckWarning)
-        checks = hopper_checks(launchers.array_module(), hopper_launchers, launchers, args.head_dim)
-        for name, check in checks.items():
-            ok = check.check()
-            results[name] = {"ok": bool(ok), "error": check.error}
-        whys = [str(w.message) for w in caught]
-    for name, r in results.items():
-        r["why"] = next((w for w in whys if not r["ok"] and w.startswith(checks[name].name + ":")), "")
-    print(json.dumps(results), flush=True)
-    return 0 if all(r["ok"] for r in results.values()) else 1
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())

@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import launch_rules
+
 KERNEL_DIR = Path(__file__).resolve().parent
 
 # Portable files: sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async), built for every architecture.
@@ -229,6 +231,13 @@ def compile_options(nvrtc_major: int | None = None) -> tuple[str, ...]:
     return ("--std=c++17", FTZ_OPTION, f"-I{cuda_include_dir(nvrtc_major)}")
 
 
+def runtime_options(arch: str, nvrtc_major: int | None = None) -> tuple[str, ...]:
+    """The options a launcher compiles a module with when it drives NVRTC itself (the Hopper cubins):
+    `compile_options`, the architecture, and ptxas -v (its register / spill log is kept). Only options
+    every NVRTC from CUDA 12.4 on accepts: the target tier compiles every kernel with exactly these."""
+    return (*compile_options(nvrtc_major), f"--gpu-architecture={arch}", "-Xptxas=-v")
+
+
 # ============================================================================ the catalogue
 @dataclass(frozen=True)
 class KernelSpec:
@@ -312,7 +321,9 @@ HOPPER_GEMM_USES = (
     ("bfloat16", "gelu_erf"),
 )
 HOPPER_MAX_HEAD_DIM = 128  # flash_attn_sm90: head dims 8..128 in steps of 8
-_REG_GEMM_SM90 = 168  # __launch_bounds__(384, 1): 65536 / 384 rounded down to 8; setmaxnreg redistributes them
+# __launch_bounds__(384, 1): 168, the most with which 12 warps launch (3 per SM sub-partition, 5,376 registers
+# per warp: `launch_rules`); setmaxnreg redistributes them
+_REG_GEMM_SM90 = launch_rules.max_registers_for(384)
 _REG_ATTN_SM90 = 255
 
 
@@ -399,13 +410,14 @@ def merge_name(in_dtype: str, out_dtype: str) -> str:
 
 DTYPES = ("float32", "bfloat16")
 
-# Register bounds, from the occupancy each kernel is designed for (65536 registers per SM):
-# the GEMMs run 256 threads with 2 blocks per SM -> <= 128. The bf16 attention's shared memory
+# Register bounds, from the occupancy each kernel is designed for (`launch_rules`: registers go to warps
+# in units of 256, 16,384 per SM sub-partition): the GEMMs run 256 threads with 2 blocks per SM, 4 warps
+# per sub-partition -> <= 4,096 per warp = 128 per thread. The bf16 attention's shared memory
 # decides its occupancy: at hd 128 a block takes 87,040 B + 1,024 B the system reserves per block,
 # so an SM holds 2 blocks on sm_90 (228 KB = 233,472 B per SM) but only 1 on sm_80 (164 KB =
-# 167,936 B < 2 x 88,064 B) and sm_86/89 (100 KB); 2 blocks x 128 threads x 255 registers fit the
-# register file, so it may use up to 255, the hardware cap (it keeps Q fragments, O and S
-# accumulators in registers). The memory-bound kernels stay small.
+# 167,936 B < 2 x 88,064 B) and sm_86/89 (100 KB); 2 blocks of 4 warps at 255 registers (8,192 per
+# warp, 2 warps per sub-partition) fit the register file, so it may use up to 255, the hardware cap (it
+# keeps Q fragments, O and S accumulators in registers). The memory-bound kernels stay small.
 _REG_GEMM_BF16 = 128
 _REG_GEMM_FP32 = 128
 _REG_ATTN_BF16 = 255

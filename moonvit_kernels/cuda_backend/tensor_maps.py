@@ -14,12 +14,17 @@ emulator tests check the parameters a GPU run will use.
   (Q, K) and one without (V, transposed in the kernel).
 
 The maps need 16-byte row pitches (K % 8 == 0 for the GEMM; head_dim % 8 == 0) and 16-byte aligned
-base addresses; `encode` needs a CUDA driver (cuda-bindings) and has not been run on a GPU yet.
+base addresses. `encode` calls the driver's entry point through ctypes (typed arguments, a 64-byte
+aligned output) on a GPU and the emulator's model of it on the CPU; it has not run on a GPU yet.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -62,32 +67,71 @@ def attention_qkv_maps(L: int, H: int, head_dim: int) -> tuple[TiledMap, TiledMa
     return TiledMap(dims, strides, ATTENTION_BOX, 128), TiledMap(dims, strides, ATTENTION_BOX, 0)
 
 
-def encode(m: TiledMap, address: int) -> np.ndarray:
-    """The 128-byte CUtensorMap (as uint64[16]) for a bf16 tensor at device `address`, by the CUDA driver.
+# cuda.h's enum values for the arguments the kernels use
+DATA_TYPE_BFLOAT16 = 9  # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+INTERLEAVE_NONE = 0
+SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}  # span in bytes -> CU_TENSOR_MAP_SWIZZLE_{NONE,32B,64B,128B}
+L2_PROMOTION_128B = 2
+OOB_FILL_NONE = 0  # out-of-bounds elements read as zeros
+CUDA_SUCCESS = 0
+MAP_BYTES, MAP_ALIGNMENT = 128, 64  # sizeof / alignof(CUtensorMap)
 
-    For a kernel argument passed by value the bytes go as a 64-byte aligned struct (e.g. a NumPy
-    structured scalar of 16 uint64 with CuPy's `make_aligned_dtype(..., alignment=64)`)."""
-    from cuda.bindings import driver
+_u32, _u64 = ctypes.c_uint32, ctypes.c_uint64
+# CUresult cuTensorMapEncodeTiled(CUtensorMap*, CUtensorMapDataType, cuuint32_t rank, void* globalAddress,
+#     const cuuint64_t* globalDim, const cuuint64_t* globalStrides, const cuuint32_t* boxDim,
+#     const cuuint32_t* elementStrides, interleave, swizzle, l2Promotion, oobFill)
+ENCODE_ARGTYPES = [
+    ctypes.c_void_p, ctypes.c_int, _u32, ctypes.c_void_p, ctypes.POINTER(_u64), ctypes.POINTER(_u64),
+    ctypes.POINTER(_u32), ctypes.POINTER(_u32), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+]  # fmt: skip
 
-    swz = {
-        0: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
-        32: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
-        64: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
-        128: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-    }[m.swizzle]
-    err, tmap = driver.cuTensorMapEncodeTiled(
-        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        len(m.dims),
-        address,
-        list(m.dims),
-        list(m.strides),
-        list(m.box),
-        [1] * len(m.dims),
-        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        swz,
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+
+@functools.cache
+def driver_encoder() -> Any:
+    """The CUDA driver's `cuTensorMapEncodeTiled` (libcuda), typed for ctypes."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1" if sys.platform != "win32" else "nvcuda.dll")
+    except OSError as e:
+        raise RuntimeError(f"tensor maps need the CUDA driver (libcuda.so.1), which is not installed here: {e}") from e
+    fn = lib.cuTensorMapEncodeTiled
+    fn.argtypes, fn.restype = ENCODE_ARGTYPES, ctypes.c_int
+    return fn
+
+
+def aligned_map_buffer() -> np.ndarray:
+    """128 zero bytes at a 64-byte aligned address (as uint8, a view of a larger buffer): a CUtensorMap."""
+    raw = np.zeros(MAP_BYTES + MAP_ALIGNMENT, np.uint8)
+    view = raw[(-raw.ctypes.data) % MAP_ALIGNMENT :][:MAP_BYTES]
+    assert view.ctypes.data % MAP_ALIGNMENT == 0
+    return view
+
+
+def encode(m: TiledMap, address: int, encoder: Any = None) -> np.ndarray:
+    """The 128-byte CUtensorMap (as uint64[16]) of a bf16 tensor at device `address`.
+
+    `encoder` is a function with `cuTensorMapEncodeTiled`'s C signature (`ENCODE_ARGTYPES`): the
+    driver's by default, the CPU emulator's model on the emulated device. The arguments are typed
+    C arrays (cuuint64_t dims and strides, cuuint32_t box and element strides) and the map is written
+    into a 64-byte aligned buffer, as the driver requires; a refusal raises naming the map and why."""
+    fn = driver_encoder() if encoder is None else encoder
+    out = aligned_map_buffer()
+    rank = len(m.dims)
+    rc = fn(
+        ctypes.c_void_p(out.ctypes.data),
+        DATA_TYPE_BFLOAT16,
+        _u32(rank),
+        ctypes.c_void_p(address),
+        (_u64 * rank)(*m.dims),
+        (_u64 * max(rank - 1, 1))(*m.strides),
+        (_u32 * rank)(*m.box),
+        (_u32 * rank)(*([1] * rank)),
+        INTERLEAVE_NONE,
+        SWIZZLE[m.swizzle],
+        L2_PROMOTION_128B,
+        OOB_FILL_NONE,
     )
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled({m}) failed: {err}")
-    return np.asarray(tmap.opaque, dtype=np.uint64)
+    if rc != CUDA_SUCCESS:
+        why = getattr(fn, "last_error", lambda: "")()
+        why = f": {why}" if why else ""
+        raise ValueError(f"cuTensorMapEncodeTiled({m}, address {address:#x}) failed with CUresult {rc}{why}")
+    return out.view(np.uint64)

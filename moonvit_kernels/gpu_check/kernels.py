@@ -5,7 +5,8 @@ inputs and poisons the outputs, calls `go()` to run the kernel once — `run` it
 under a timer when that single run is also the timed one — and compares the result with a
 float64 NumPy computation on a sample of rows: GEMM rows and attention query rows are
 independent, so a row sample checks them exactly), the work (FLOPs or bytes moved, with the
-formula) and the baseline it is compared with (`baselines.Baselines`).
+formula), the baseline it is compared with (`baselines.Baselines`), the arrays it writes, and what
+the X-ray needs for its bound (`model.xray_bound`: catalogue label, FLOPs, compulsory DRAM bytes).
 
 `numba_cases` builds them for the numba.cuda kernels (device arrays; a GPU or the simulator),
 `cuda_cases` for the CUDA C kernels through a launcher module with the API of
@@ -47,6 +48,8 @@ class KernelCase:
     run: Callable[[], Any]
     check: Callable[[Callable[[], Any]], tuple[float, float]]  # check(go): reset, go() runs the kernel, compare
     baseline: tuple[Any, ...]  # arguments of Baselines.get
+    outputs: Callable[[], list[Any]]  # the arrays the last run wrote (for --inject-fault wrong)
+    model: tuple[str, float, float]  # (X-ray catalogue label, FLOPs, compulsory DRAM bytes) of one call
 
 
 def rel_err(got: np.ndarray, want: np.ndarray) -> float:
@@ -140,11 +143,27 @@ def merge_want(x: np.ndarray, grid: np.ndarray, mks: tuple[int, int]) -> np.ndar
 Builder = Callable[[], KernelCase]
 
 
+def gemm_bytes(M: int, N: int, K: int, in_bytes: int, out_bytes: int, epilogue: str) -> float:
+    """Compulsory DRAM bytes of one GEMM: A and B read once, C written once (and read too with a residual)."""
+    return float(in_bytes * (M * K + N * K) + out_bytes * M * N * (2 if epilogue == "residual" else 1))
+
+
+def attention_bytes(L: int, Q: int, H: int, elem: int) -> float:
+    """Compulsory DRAM bytes of one attention call: qkv [L, 3Q] read, out [L, Q] written, lse [L, H] fp32 written."""
+    return float(elem * 4 * L * Q + 4 * L * H)
+
+
 # ============================================================================ numba.cuda kernels
 def numba_cases(
-    c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str, ...], v1_threads: int | None
+    c: VisionConfig,
+    grid: np.ndarray,
+    gemm_names: tuple[str, ...],
+    v1_threads: int | None,
+    versions: tuple[int, ...] = (1, 2, 3),
+    attention_versions: tuple[int, ...] = (1, 2),
 ) -> Iterator[tuple[str, Builder]]:
-    """The numba kernels (fp32): GEMM v1..v3 per shape, attention v1/v2, rmsnorm, rope, pos_emb, merge."""
+    """The numba kernels (fp32): GEMM `versions` per shape, attention `attention_versions`, rmsnorm, rope,
+    pos_emb, merge."""
     from numba import cuda
 
     from ..numba_backend import attention as attention_k
@@ -161,7 +180,7 @@ def numba_cases(
 
     for name in gemm_names:
         M, N, K, epi = shapes[name]
-        for v in gemm_k.VERSIONS:
+        for v in versions:
 
             def build(M=M, N=N, K=K, epi=epi, v=v, name=name) -> KernelCase:
                 rng = np.random.default_rng(100 + v)
@@ -196,11 +215,13 @@ def numba_cases(
                     run,
                     check,
                     ("gemm_fp32", M, N, K),
+                    lambda: [out_d],
+                    (f"gemm_v{v}_{epi}", 2.0 * M * N * K, gemm_bytes(M, N, K, 4, 4, epi)),
                 )
 
             yield f"numba gemm v{v} {name}", build
 
-    for v in attention_k.VERSIONS:
+    for v in attention_versions:
 
         def build_attn(v=v) -> KernelCase:
             rng = np.random.default_rng(200 + v)
@@ -233,6 +254,8 @@ def numba_cases(
                 run,
                 check,
                 ("attention", L, H, hd, "float32"),
+                lambda: [result["o"]],
+                (f"attention_v{v}", 4.0 * L * L * Q, attention_bytes(L, Q, H, 4)),
             )
 
         yield f"numba attention v{v}", build_attn
@@ -265,6 +288,8 @@ def numba_cases(
             run,
             check,
             ("copy", nbytes),
+            lambda: [out_d],
+            ("rmsnorm_kernel_t256", 4.0 * L * D, float(nbytes)),
         )
 
     yield "numba rmsnorm", build_rmsnorm
@@ -298,6 +323,8 @@ def numba_cases(
             run,
             check,
             ("copy", nbytes),
+            lambda: [qkv_d],
+            ("rope2d_kernel", 6.0 * L * Q, float(nbytes)),
         )
 
     yield "numba rope", build_rope
@@ -332,6 +359,8 @@ def numba_cases(
             run,
             check,
             ("copy", nbytes),
+            lambda: [x_d],
+            (f"add_pos_emb_{c.pos_emb_interpolation_mode}", 36.0 * L * D, float(nbytes)),
         )
 
     yield "numba pos_emb", build_pos_emb
@@ -367,6 +396,8 @@ def numba_cases(
             run,
             check,
             ("copy", nbytes),
+            lambda: [out_d],
+            ("merge_gather_kernel", 2.0 * L * D, float(nbytes)),
         )
 
     yield "numba merge", build_merge
@@ -399,9 +430,17 @@ def _gemm_out_dtype(name: str, operands: str, epi: str) -> str:
 
 
 def _gemm_builder(
-    gemm: Callable[..., Any], xp: Any, shape: tuple[int, int, int, str], L: int, name: str, operands: str, label: str
+    gemm: Callable[..., Any],
+    xp: Any,
+    shape: tuple[int, int, int, str],
+    L: int,
+    name: str,
+    operands: str,
+    label: str,
+    xray_label: str = "",
 ) -> Builder:
-    """A GEMM case through `gemm` (the launchers' signature) at `shape` = (M, N, K, epilogue)."""
+    """A GEMM case through `gemm` (the launchers' signature) at `shape` = (M, N, K, epilogue); `xray_label`
+    names the kernel in the X-ray's catalogue (default: the mma.sync or SIMT kernel)."""
     M, N, K, epi = shape
     out_dtype = _gemm_out_dtype(name, operands, epi)
 
@@ -426,6 +465,9 @@ def _gemm_builder(
             return rel_err(got, want), tol
 
         kind = "gemm_bf16" if operands == "bfloat16" else "gemm_fp32"
+        short = "bf16" if out_dtype == "bfloat16" else "f32"
+        default = f"gemm_bf16_tc_{short}_{epi}" if operands == "bfloat16" else f"gemm_fp32_simt_{epi}"
+        in_b, out_b = (2 if operands == "bfloat16" else 4), (2 if out_dtype == "bfloat16" else 4)
         return KernelCase(
             label,
             "CUDA C",
@@ -438,15 +480,22 @@ def _gemm_builder(
             run,
             check,
             (kind, M, N, K),
+            lambda: [out],
+            (
+                (xray_label or default).format(out=short, epi=epi),
+                2.0 * M * N * K,
+                gemm_bytes(M, N, K, in_b, out_b, epi),
+            ),
         )
 
     return build
 
 
 def _attention_builder(
-    attention: Callable[..., Any], xp: Any, L: int, H: int, hd: int, dtype: str, label: str
+    attention: Callable[..., Any], xp: Any, L: int, H: int, hd: int, dtype: str, label: str, xray_label: str = ""
 ) -> Builder:
-    """An attention case through `attention` (the launchers' signature): one item of L tokens."""
+    """An attention case through `attention` (the launchers' signature): one item of L tokens; `xray_label`
+    names the kernel in the X-ray's catalogue (default: the mma.sync or fp32 flash kernel)."""
     Q = H * hd
     bounds = np.array([0, L], dtype=np.int64)
 
@@ -480,6 +529,12 @@ def _attention_builder(
             run,
             check,
             ("attention", L, H, hd, dtype),
+            lambda: [result["o"]],
+            (
+                xray_label or f"flash_attn_{'bf16' if dtype == 'bfloat16' else 'f32'}_hd{hd}",
+                4.0 * L * L * Q,
+                attention_bytes(L, Q, H, 2 if dtype == "bfloat16" else 4),
+            ),
         )
 
     return build
@@ -538,6 +593,8 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
             run,
             check,
             ("copy", nbytes),
+            lambda: [out],
+            ("rmsnorm_rows_f32_bf16", 4.0 * L * D, float(nbytes)),
         )
 
     yield "cuda rmsnorm", build_rmsnorm
@@ -571,6 +628,8 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
             run,
             check,
             ("copy", nbytes),
+            lambda: [work],
+            ("rope_2d_inplace_bf16", 6.0 * L * Q, float(nbytes)),
         )
 
     yield "cuda rope", build_rope
@@ -606,6 +665,8 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
             run,
             check,
             ("copy", nbytes),
+            lambda: [work],
+            (f"add_pos_emb_{c.pos_emb_interpolation_mode}", 36.0 * L * D, float(nbytes)),
         )
 
     yield "cuda pos_emb", build_pos_emb
@@ -637,6 +698,8 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
             run,
             check,
             ("copy", nbytes),
+            lambda: [result["out"]],
+            ("tpool_merge_f32_bf16", 2.0 * L * D, float(nbytes)),
         )
 
     yield "cuda merge", build_merge
@@ -662,6 +725,8 @@ def hopper_cases(
                 return hk.gemm(*args, block_n=bn, **kwargs)
 
             label = f"gemm_bf16_sm90 bn{bn} {name}"
-            yield f"hopper gemm bn{bn} {name}", _gemm_builder(gemm, xp, shapes[name], L, name, "bfloat16", label)
+            xray = f"gemm_bf16_sm90_bn{bn}_{{out}}_{{epi}}"
+            yield f"hopper gemm bn{bn} {name}", _gemm_builder(gemm, xp, shapes[name], L, name, "bfloat16", label, xray)
     if hd % 8 == 0 and hd <= 128:
-        yield "hopper attention", _attention_builder(hk.attention, xp, L, H, hd, "bfloat16", "flash_attn_sm90")
+        build = _attention_builder(hk.attention, xp, L, H, hd, "bfloat16", "flash_attn_sm90", f"flash_attn_sm90_hd{hd}")
+        yield "hopper attention", build

@@ -2,7 +2,9 @@
 
 `python -m pytest -o addopts= -m gpu -v -rs -p no:cacheprovider [--timeout] <files>` runs from the source tree (the
 folder holding `tests/`), its whole output goes to `pytest.log`, and the outcome of every test is
-counted from the `-v` lines, so a run stopped at the time limit still gives counts.
+counted from the `-v` lines, so a run stopped at the time limit still gives counts. The files run in
+the order given (the plan puts the CuPy tests first). A tier stopped at its time limit with no failure
+is "partial", never "pass".
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from .report import ERROR, FAIL, PASS, SKIP, Report
+from .report import ERROR, FAIL, PARTIAL, PASS, SKIP
 
 OUTCOME = re.compile(r"^\S+::\S+.*?\s(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.MULTILINE)
 SUMMARY = re.compile(r"^=+ (.*?) in [\d.]+s.* =+$", re.MULTILINE)
@@ -43,7 +46,30 @@ def count_outcomes(log: str) -> dict[str, int]:
     return counts
 
 
-def run_suite(report: Report, files: tuple[str, ...], limit_s: float, simulate: bool) -> None:
+def tier_status(
+    counts: dict[str, int], summary: str, rc: int, timed_out: bool, limit_s: float, simulate: bool
+) -> tuple[str, str]:
+    """(verdict, note) of a tier run: FAIL/ERROR on any failure; "partial" when stopped at its time limit
+    (never "pass": later tests did not run); pass when tests passed; else skip, saying why."""
+    bad = counts["failed"] + counts["error"] + counts["xpass"]
+    note = summary
+    if timed_out:
+        note = f"stopped at the {limit_s:.0f} s limit: counts cover the tests that finished"
+    elif rc not in (0, 1, 5) and not bad:
+        bad = 1
+        note = f"pytest exited with status {rc} (collection or internal error: see pytest.log)"
+    if bad:
+        return (FAIL if counts["failed"] else ERROR), note
+    if timed_out:
+        return PARTIAL, note
+    if counts["passed"]:
+        return PASS, note
+    why = "no GPU (--simulate): the gpu tier skips itself" if simulate else "no gpu test passed (see pytest.log -rs)"
+    return SKIP, f"{note}; {why}" if note else why
+
+
+def run_suite(report: Any, files: tuple[str, ...], limit_s: float, simulate: bool) -> None:
+    """Run the gpu tier of `files` for at most `limit_s` seconds; one row and one verdict on `report`."""
     root = source_root()
     log_path = report.out_dir / "pytest.log"
     missing = [f for f in files if not (root / f).exists()]
@@ -89,23 +115,7 @@ def run_suite(report: Report, files: tuple[str, ...], limit_s: float, simulate: 
     counts = count_outcomes(text)
     summary = SUMMARY.findall(text)
     result = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "no test ran"
-    bad = counts["failed"] + counts["error"] + counts["xpass"]
-    note = summary[-1] if summary else ""
-    if timed_out:
-        note = f"stopped at the {limit_s:.0f} s limit: counts cover the tests that finished"
-    elif rc not in (0, 1, 5) and not bad:
-        bad = 1
-        note = f"pytest exited with status {rc} (collection or internal error: see pytest.log)"
-    if bad:
-        status = FAIL if counts["failed"] else ERROR
-    elif counts["passed"]:
-        status = PASS
-    else:
-        status = SKIP
-        why = (
-            "no GPU (--simulate): the gpu tier skips itself" if simulate else "no gpu test passed (see pytest.log -rs)"
-        )
-        note = f"{note}; {why}" if note else why
+    status, note = tier_status(counts, summary[-1] if summary else "", rc, timed_out, limit_s, simulate)
     report.add_row(
         "tests",
         item="pytest -m gpu " + " ".join(files),

@@ -1,32 +1,38 @@
-"""Section (c): the whole tower + projector per backend, timed per stage and checked against NumPy.
+"""Section (c): the whole tower + projector, one backend per worker, timed per stage and checked against NumPy.
 
-Backends: the NumPy reference (CPU, float64), numba (fp32), the CUDA C kernels in fp32 and bf16
-(CuPy on a GPU; the emulator under --simulate), all with the same random weights at the real
-config. Per case:
-
-1. the reference runs the first `check_layers` layers + projector (a full 27-layer reference at
-   896² costs minutes of CPU); every backend runs the same truncated model and is compared stage
-   by stage (`compare.compare_stages`, tolerance growing with depth, bf16 with its own);
-2. every backend is timed on the full model: events at the start, after each layer (the
-   backends' `on_layer` hook) and at the end give the time per stage;
-3. the full-depth outputs are cross-checked: numba fp32 vs CUDA C fp32, CUDA C bf16 vs fp32.
+Units (`plan.units_for`), each in a process of its own, sharing files in the run's scratch folder:
+  reference   random weights (seed 0) made once and saved (`weights`: .npy files, memory-mapped by the
+              others), and per case the NumPy float64 reference of the first `check_layers` layers +
+              projector, saved (`reference_stages`) and timed;
+  torch       PyTorch eager (cuBLAS + SDPA, bf16 on a GPU; fp32 on the CPU) timed per case: the baseline
+              the report gives the backends' % of;
+  backends    "CUDA C fp32", "CUDA C bf16" (the backend's own kernel choice: on sm_90 the Hopper kernels,
+              after their pre-flight), "CUDA C bf16 hopper=False", "numba fp32". Per case: the truncated
+              model compared stage by stage with the reference (`compare.compare_stages`, tolerance growing
+              with depth, bf16 with its own), the full model timed with events at the start, after each layer
+              and at the end (time per stage), its full-depth output saved, its `describe()` recorded;
+  cross-checks (in the parent, `cross_checks`): full-depth outputs backend vs backend (numba fp32 vs
+              CUDA C fp32; CUDA C bf16, with and without Hopper, vs CUDA C fp32 and vs each other).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..compare import compare_stages, to_numpy, tolerance_for
 from ..config import VisionConfig
+from . import faults
 from .plan import Plan
-from .report import ERROR, FAIL, PASS, SKIP, Report
-from .sections import Budget, _NotAsked, _short, cuda_kernels_module
+from .report import ERROR, FAIL, PASS, SKIP
+from .sections import Context, Item, ItemFailed, _short, cuda_kernels_module, tower_cuda_backend
 
 BF16_FULL_DEPTH_TOL = 0.1  # bf16 vs fp32 after every layer: a loose bound for a gross error, not a precision claim
 
@@ -128,150 +134,228 @@ def stage_times(intervals: list[float]) -> list[tuple[str, float]]:
     return stages
 
 
-# ============================================================================ the section
-def run_tower(plan: Plan, report: Report, budget: Budget, gpu: str | None) -> None:
-    from ..model import MoonViT
+# ============================================================================ files shared between the units
+def case_inputs(plan: Plan, index: int) -> tuple[str, np.ndarray, int, np.ndarray]:
+    """(name, grid_thws, tokens, pixel_values) of tower case `index` (pixels from a fixed seed)."""
+    name, grid_tuple = plan.tower_cases[index]
+    grid = np.array(grid_tuple, dtype=np.int64)
+    L = plan.tokens(grid_tuple)
+    c = plan.tower_config
+    rng = np.random.default_rng(7 + index)
+    pixels = (rng.standard_normal((L, 3, c.patch_size, c.patch_size)) * 0.7).astype(np.float32)
+    return name, grid, L, pixels
+
+
+def weights(plan: Plan, scratch: Path, sink: Any = None) -> dict[str, np.ndarray]:
+    """The run's random weights (seed 0) for the tower config: made and saved to `scratch` by the first unit
+    that asks, memory-mapped from there by the others."""
+    folder = scratch / "weights"
+    index = folder / "names.json"
+    if index.exists():
+        names = json.loads(index.read_text())
+        return {n: np.load(folder / f"{i}.npy", mmap_mode="r") for i, n in enumerate(names)}
     from ..weights import random_weights
 
-    c = plan.tower_config
-    layers = c.vt_num_hidden_layers
-    check_layers = min(plan.tower_check_layers, layers)
-    c_check = c.replace(vt_num_hidden_layers=check_layers)
-    print(f"[tower] random weights for {layers} layers ...", flush=True)
     t0 = time.perf_counter()
-    weights = random_weights(c, 0)
-    w_check = truncated_weights(weights, check_layers)
-    report.note(f"tower: random weights (seed 0) for {layers} layers made in {time.perf_counter() - t0:.1f} s (CPU)")
-    if check_layers < layers:
-        report.note(
-            f"tower: the NumPy reference check runs the first {check_layers} of {layers} layers + projector "
-            "(its CPU cost grows with L²); timings use all layers"
+    w = random_weights(plan.tower_config, 0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, array in enumerate(w.values()):
+        np.save(folder / f"{i}.npy", np.ascontiguousarray(array))
+    (folder / ".names.tmp").write_text(json.dumps(list(w)))
+    (folder / ".names.tmp").replace(index)
+    if sink is not None:
+        sink.note(
+            f"tower: random weights (seed 0) for {plan.tower_config.vt_num_hidden_layers} layers made and saved in "
+            f"{time.perf_counter() - t0:.1f} s (CPU)"
         )
+    return w
 
-    backends = _backends(plan, gpu, report)
-    torch_ctx: dict[str, Any] = {"gpu": gpu}
-    models: dict[tuple[str, int], Any] = {}
 
-    def model(name: str, full: bool) -> Any:
-        key = (name, layers if full else check_layers)
-        if key not in models:
-            make = backends[name][0]
-            models[key] = make(c, weights) if full else make(c_check, w_check)
-        return models[key]
+def reference_stages(plan: Plan, scratch: Path, index: int, sink: Any = None) -> dict[str, np.ndarray]:
+    """The NumPy float64 reference's stages of case `index` at the check depth: loaded from `scratch`, else
+    computed (timed, when `sink` is given) and saved."""
+    path = scratch / f"reference_{index}.npz"
+    if path.exists():
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    from ..model import MoonViT
 
-    for index, (case, grid_tuple) in enumerate(plan.tower_cases):
-        grid = np.array(grid_tuple, dtype=np.int64)
-        L = plan.tokens(grid_tuple)
-        pixels = (np.random.default_rng(7 + index).standard_normal((L, 3, c.patch_size, c.patch_size)) * 0.7).astype(
-            np.float32
-        )
-        if budget.spent():
-            report.verdict("tower", case, SKIP, f"section budget ({budget.seconds:.0f} s) spent")
+    c = plan.tower_config
+    check_layers = min(plan.tower_check_layers, c.vt_num_hidden_layers)
+    c_check = c.replace(vt_num_hidden_layers=check_layers)
+    case, grid, L, pixels = case_inputs(plan, index)
+    model = MoonViT(c_check, truncated_weights(weights(plan, scratch, sink), check_layers), backend="numpy",
+                    dtype="float64")  # fmt: skip
+    marks = Marks("host")
+    marks.mark()
+    _, stages = model.forward(pixels, grid, return_intermediates=True, on_layer=marks.mark)
+    marks.mark()
+    stages = {k: np.asarray(v) for k, v in stages.items()}
+    tmp = scratch / f".reference_{index}.tmp.npz"
+    np.savez(tmp, **stages)
+    tmp.replace(path)
+    if sink is not None:
+        _time_rows(sink, case, "numpy float64 (reference)", "CPU", L, check_layers, [marks.intervals()], c_check, grid,
+                   note="1 run; the check reference")  # fmt: skip
+    return stages
+
+
+def output_path(scratch: Path, backend: str, index: int) -> Path:
+    return scratch / f"out_{re.sub(r'[^A-Za-z0-9]+', '_', backend)}_{index}.npy"
+
+
+# ============================================================================ the units
+def tower_items(plan: Plan, family: str, sink: Any, ctx: Context) -> list[Item]:
+    """The items of tower unit `family` ("reference", "torch", or a backend of `plan.TOWER_BACKENDS`), one per case."""
+    cases = range(len(plan.tower_cases))
+    names = [plan.tower_cases[i][0] for i in cases]
+    if family == "reference":
+        items = [("tower weights", lambda: weights(plan, ctx.scratch, sink) and None)]
+        items += [(f"reference {names[i]}", _reference_item(plan, ctx, sink, i)) for i in cases]
+        return [it for it in items if plan.wanted(it[0]) or it[0] == "tower weights"]
+    if family == "torch":
+        torch_ctx: dict[str, Any] = {"gpu": ctx.gpu}
+        items = [(f"torch baseline {names[i]}", _torch_item(plan, ctx, sink, torch_ctx, i)) for i in cases]
+        return [it for it in items if plan.wanted(it[0])]
+    verdict = ctx.shared.get("hopper") or {}
+    if family.endswith("hopper=False") and verdict.get("skip"):
+        sink.verdict("tower", family, SKIP, f"the Hopper kernels do not apply here ({verdict['why']})")
+        return []
+    try:
+        make, kind, where, dtype = _backend(plan, family, ctx)
+    except ImportError as e:
+        sink.verdict("tower", f"{family} backend", SKIP, _short(e))
+        return []
+    except Exception as e:
+        sink.verdict("tower", f"{family} backend", ERROR, _short(e))
+        raise ItemFailed(family) from e
+    models: dict[bool, Any] = {}
+    items = []
+    for i in cases:
+        item = f"{family} {names[i]}"
+        if not plan.wanted(item):
             continue
-        print(f"[tower] {case}: NumPy reference, {check_layers} layers (CPU) ...", flush=True)
-        ref_model = MoonViT(c_check, w_check, backend="numpy", dtype="float64")
-        marks = Marks("host")
-        marks.mark()
-        _, ref_stages = ref_model.forward(pixels, grid, return_intermediates=True, on_layer=marks.mark)
-        marks.mark()
-        ref_iv = marks.intervals()
-        _time_rows(
-            report,
-            case,
-            "numpy float64 (reference)",
-            "CPU",
-            L,
-            check_layers,
-            [ref_iv],
-            c_check,
-            grid,
-            note="1 run; the check reference",
-        )
+        if family.startswith("numba") and i >= plan.numba_tower_cases:
+            sink.verdict("tower", item, SKIP, f"numba runs the first {plan.numba_tower_cases} case(s) in this mode")
+            continue
+        items.append((item, _backend_item(plan, ctx, sink, family, make, kind, where, dtype, models, i)))
+    return items
 
-        base = _torch_baseline(plan, report, torch_ctx, case, L, c, weights, pixels, grid, budget)
-        full_out: dict[str, np.ndarray] = {}
-        for name, (_, kind, where, dtype) in backends.items():
-            if name.startswith("numba") and index >= plan.numba_tower_cases:
-                report.verdict("tower", f"{case} {name}", SKIP, "not run on this case under --simulate (slow)")
-                continue
-            if budget.spent():
-                report.verdict("tower", f"{case} {name}", SKIP, f"section budget ({budget.seconds:.0f} s) spent")
-                continue
-            print(f"[tower] {case}: {name} check ({check_layers} layers) and timing ({layers} layers) ...", flush=True)
-            reuse = check_layers == layers and plan.tower_repeats == 1 and plan.tower_warmup == 0
-            try:
-                marks = Marks(kind)
-                marks.mark()
-                out, stages = model(name, full=False).forward(
-                    pixels, grid, return_intermediates=True, as_numpy=True, on_layer=marks.mark
-                )
-                marks.mark()
-                check_run = marks.intervals()
-                rep = compare_stages(stages, ref_stages, dtype=dtype, names=(name, "numpy float64"))
-            except Exception as e:
-                report.add_row("tower_check", item=case, backend=name, verdict=ERROR, note=_short(e))
-                report.verdict("tower", f"{case} {name} vs reference", ERROR, _short(e))
-                continue
-            worst = max(rep.rows, key=lambda r: (not math.isfinite(r.max_rel), r.max_rel / r.tolerance))
-            last = rep.rows[-1]
-            status = PASS if rep.ok else FAIL
-            first = rep.first_divergence or "none"
-            report.add_row(
-                "tower_check",
-                item=case,
-                backend=name,
-                where=where,
-                dtype=dtype,
-                tokens=L,
-                shape=f"{len(rep.rows)} stages, {check_layers} layers",
-                check=f"first divergence: {first}",
-                check_err=last.max_rel,
-                check_tol=last.tolerance,
-                verdict=status,
-                note=f"worst stage {worst.stage}: {worst.max_rel:.2e} (tol {worst.tolerance:.1e})",
-            )
-            report.verdict(
-                "tower",
-                f"{case} {name} vs NumPy ({check_layers} layers)",
-                status,
-                f"output rel err {last.max_rel:.2e} (tol {last.tolerance:.1e}); first divergence {first}",
-            )
-            if reuse:  # the checked model is the full model: its run is the timed run
-                full_out[name] = np.concatenate([to_numpy(o) for o in out])
-                _time_rows(
-                    report,
-                    case,
-                    name,
-                    where,
-                    L,
-                    layers,
-                    [check_run],
-                    c,
-                    grid,
-                    note="1 run, the checked one (stage copies included)",
-                    baseline=base,
-                )
-                continue
-            if budget.spent():
-                continue
-            try:
-                full = model(name, full=True)
-                for _ in range(plan.tower_warmup):
-                    full.forward(pixels, grid)
-                runs = []
-                for _ in range(max(1, plan.tower_repeats)):
-                    iv, out = timed_forward(full, pixels, grid, kind)
-                    runs.append(iv)
-                full_out[name] = np.concatenate([to_numpy(o) for o in out])
-                _time_rows(report, case, name, where, L, layers, runs, c, grid, baseline=base)
-            except Exception as e:
-                report.add_row("tower", item=case, backend=name, where=where, verdict=ERROR, note=_short(e))
-                report.verdict("tower", f"{case} {name} timing run", ERROR, _short(e))
-        _cross_checks(report, case, full_out, layers)
+
+def _reference_item(plan: Plan, ctx: Context, sink: Any, index: int) -> Callable[[], None]:
+    return lambda: reference_stages(plan, ctx.scratch, index, sink) and None
+
+
+def _torch_item(plan: Plan, ctx: Context, sink: Any, torch_ctx: dict, index: int) -> Callable[[], None]:
+    def run() -> None:
+        case, grid, L, pixels = case_inputs(plan, index)
+        _torch_baseline(plan, sink, torch_ctx, case, L, plan.tower_config, weights(plan, ctx.scratch), pixels, grid)
+
+    return run
+
+
+def _backend(plan: Plan, family: str, ctx: Context) -> tuple[Callable, str, str, str]:
+    """(make(config, weights), clock kind, where, compare dtype) of tower backend `family`."""
+    if family == "numba fp32":
+        import numba  # noqa: F401
+
+        from ..model import MoonViT
+
+        where = "CUDA simulator (CPU)" if plan.simulate else (ctx.gpu or "GPU")
+        return (lambda c, w: MoonViT(c, w, backend="numba")), ("host" if plan.simulate else "numba"), where, "float32"
+    cuda_kernels_module(plan)  # ImportError: a skip, like the kernels section
+    dtype = "float32" if family == "CUDA C fp32" else "bfloat16"
+    hopper = family == "CUDA C bf16" and "hopper" in plan.backends
+    make = tower_cuda_backend(plan, dtype, hopper, ctx.shared.get("hopper"))
+    where = "CUDA C emulator (CPU)" if plan.simulate else (ctx.gpu or "GPU")
+    return make, ("host" if plan.simulate else "cupy"), where, dtype
+
+
+def _backend_item(
+    plan: Plan, ctx: Context, sink: Any, name: str, make: Callable, kind: str, where: str, dtype: str,
+    models: dict[bool, Any], index: int,
+) -> Callable[[], None]:  # fmt: skip
+    def run() -> None:
+        from ..compare import compare_stages, to_numpy
+
+        c = plan.tower_config
+        layers = c.vt_num_hidden_layers
+        check_layers = min(plan.tower_check_layers, layers)
+        case, grid, L, pixels = case_inputs(plan, index)
+        ref_stages = reference_stages(plan, ctx.scratch, index)
+        w = weights(plan, ctx.scratch)
+
+        def model(full: bool) -> Any:
+            if full not in models:
+                models[full] = make(c, w) if full else make(c.replace(vt_num_hidden_layers=check_layers),
+                                                            truncated_weights(w, check_layers))  # fmt: skip
+            return models[full]
+
+        reuse = check_layers == layers and plan.tower_repeats == 1 and plan.tower_warmup == 0
+        try:
+            marks = Marks(kind)
+            marks.mark()
+            out, stages = model(False).forward(pixels, grid, return_intermediates=True, as_numpy=True,
+                                               on_layer=marks.mark)  # fmt: skip
+            marks.mark()
+            check_run = marks.intervals()
+            if faults.wrong(ctx.fault, f"{name} {case}"):
+                for a in (out[0], stages["projected"]):
+                    faults.perturb(a)
+            rep = compare_stages(stages, ref_stages, dtype=dtype, names=(name, "numpy float64"))
+        except Exception as e:
+            sink.add_row("tower_check", item=case, backend=name, verdict=ERROR, note=_short(e))
+            sink.verdict("tower", f"{case} {name} vs reference", ERROR, _short(e))
+            raise ItemFailed(name) from e
+        worst = max(rep.rows, key=lambda r: (not math.isfinite(r.max_rel), r.max_rel / r.tolerance))
+        last = rep.rows[-1]
+        status = PASS if rep.ok else FAIL
+        first = rep.first_divergence or "none"
+        described = _describe(model(False))
+        sink.add_row(
+            "tower_check", item=case, backend=name, where=where, dtype=dtype, tokens=L,
+            shape=f"{len(rep.rows)} stages, {check_layers} layers", check=f"first divergence: {first}",
+            check_err=last.max_rel, check_tol=last.tolerance, verdict=status,
+            note=f"worst stage {worst.stage}: {worst.max_rel:.2e} (tol {worst.tolerance:.1e})",
+        )  # fmt: skip
+        text = f"output rel err {last.max_rel:.2e} (tol {last.tolerance:.1e}); first divergence {first}"
+        sink.verdict("tower", f"{case} {name} vs NumPy ({check_layers} layers)", status, text)
+        if status != PASS:
+            return  # a wrong tower is not timed
+        kernels = f"; {described['hopper']}" if described else ""
+        if reuse:  # the checked model is the full model: its run is the timed run
+            np.save(output_path(ctx.scratch, name, index), np.concatenate([to_numpy(o) for o in out]))
+            _time_rows(sink, case, name, where, L, layers, [check_run], c, grid,
+                       note=f"1 run, the checked one (stage copies included){kernels}")  # fmt: skip
+        else:
+            full = model(True)
+            for _ in range(plan.tower_warmup):
+                full.forward(pixels, grid)
+            runs = []
+            for _ in range(max(1, plan.tower_repeats)):
+                iv, out = timed_forward(full, pixels, grid, kind)
+                runs.append(iv)
+            np.save(output_path(ctx.scratch, name, index), np.concatenate([to_numpy(o) for o in out]))
+            _time_rows(sink, case, name, where, L, layers, runs, c, grid, note=kernels.lstrip("; "))
+            described = _describe(full) or described
+        if described:
+            sink.diagnostic(f"describe() of tower backend {name} after {case}", json.dumps(described, indent=1))
+
+    return run
+
+
+def _describe(model: Any) -> dict[str, str] | None:
+    """The backend's `describe()` (which kernels it uses), when it has one."""
+    backend = getattr(model, "backend", model)
+    describe = getattr(backend, "describe", None)
+    try:
+        return describe() if callable(describe) else None
+    except Exception as e:
+        return {"hopper": f"describe() failed: {_short(e)}"}
 
 
 def _time_rows(
-    report: Report,
+    report: Any,
     case: str,
     backend: str,
     where: str,
@@ -281,14 +365,11 @@ def _time_rows(
     c: VisionConfig,
     grid: np.ndarray,
     note: str = "",
-    baseline: tuple[str, float] | None = None,
 ) -> float:
-    """Rows for one backend on one case (`runs`: intervals between marks per run); returns the median total."""
+    """Rows for one backend on one case (`runs`: intervals between marks per run); returns the median total.
+    The report fills in % of the torch baseline of the same case."""
     totals = [sum(iv) for iv in runs]
     med = statistics.median(totals)
-    extra = {}
-    if baseline is not None:
-        extra = {"baseline": baseline[0], "baseline_ms": baseline[1] * 1e3, "pct_of_baseline": 100 * baseline[1] / med}
     median_run = runs[min(range(len(runs)), key=lambda i: abs(totals[i] - med))]
     flops = tower_flops(c, grid)
     report.add_row(
@@ -308,7 +389,6 @@ def _time_rows(
         rate=flops / med / 1e12,
         formula=FLOP_FORMULA,
         note=note,
-        **extra,
     )
     if len(median_run) == 1:  # a single interval: no layer marks (the torch baseline)
         return med
@@ -333,88 +413,40 @@ def _pct(values: list[float], q: float) -> float:
     return percentile(values, q)
 
 
-def _cross_checks(report: Report, case: str, out: dict[str, np.ndarray], layers: int) -> None:
+def cross_checks(report: Any, plan: Plan, scratch: Path) -> None:
+    """Full-depth outputs backend vs backend, from the files the tower units saved (runs in the parent)."""
+    from ..compare import tolerance_for
+
+    layers = plan.tower_config.vt_num_hidden_layers
     base, growth = tolerance_for("float32")
     pairs = [
         ("numba fp32", "CUDA C fp32", base * growth ** (layers + 4)),
         ("CUDA C bf16", "CUDA C fp32", BF16_FULL_DEPTH_TOL),
+        ("CUDA C bf16 hopper=False", "CUDA C fp32", BF16_FULL_DEPTH_TOL),
+        ("CUDA C bf16", "CUDA C bf16 hopper=False", BF16_FULL_DEPTH_TOL),
     ]
-    for a, b, tol in pairs:
-        if a not in out or b not in out:
-            continue
-        got, want = out[a], out[b]
-        err = float(np.max(np.abs(got - want)) / max(1e-30, float(np.max(np.abs(want)))))
-        if not np.all(np.isfinite(got)):
-            err = float("nan")
-        status = PASS if (math.isfinite(err) and err <= tol) else FAIL
-        report.add_row(
-            "tower_check",
-            item=case,
-            backend=f"{a} vs {b}",
-            shape=f"output, {layers} layers",
-            check="full depth, backend vs backend",
-            check_err=err,
-            check_tol=tol,
-            verdict=status,
-        )
-        report.verdict("tower", f"{case} {a} vs {b} ({layers} layers)", status, f"rel err {err:.2e} (tol {tol:.1e})")
-
-
-def _backends(plan: Plan, gpu: str | None, report: Report) -> dict[str, tuple[Callable, str, str, str]]:
-    """name -> (make(config, weights), clock kind, where, compare dtype) for the backends that can run here."""
-    from ..model import MoonViT
-
-    out: dict[str, tuple[Callable, str, str, str]] = {}
-    try:
-        if "numba" not in plan.backends:
-            raise _NotAsked
-        import numba  # noqa: F401
-
-        where = "CUDA simulator (CPU)" if plan.simulate else (gpu or "GPU")
-        out["numba fp32"] = (
-            lambda c, w: MoonViT(c, w, backend="numba"),
-            "host" if plan.simulate else "numba",
-            where,
-            "float32",
-        )
-    except _NotAsked:
-        pass
-    except ImportError as e:
-        report.verdict("tower", "numba backend", SKIP, f"numba does not import ({_short(e)})")
-    if "cuda" not in plan.backends:
-        return out
-    try:
-        k = cuda_kernels_module(plan)
-    except ImportError as e:
-        report.verdict("tower", "CUDA C backend", SKIP, _short(e))
-        return out
-    except Exception as e:
-        report.verdict("tower", "CUDA C backend", ERROR, _short(e))
-        return out
-    if plan.simulate:
-        from ..cuda_backend.backend import CupyBackend
-
-        for dtype, short in (("float32", "fp32"), ("bfloat16", "bf16")):
-            out[f"CUDA C {short}"] = (
-                lambda c, w, dtype=dtype: CupyBackend(c, w, dtype=dtype, kernels=k),
-                "host",
-                "CUDA C emulator (CPU)",
-                dtype,
+    for index, (case, _) in enumerate(plan.tower_cases):
+        for a, b, tol in pairs:
+            pa, pb = output_path(scratch, a, index), output_path(scratch, b, index)
+            if not (pa.exists() and pb.exists()):
+                continue
+            got, want = np.load(pa), np.load(pb)
+            err = float(np.max(np.abs(got - want)) / max(1e-30, float(np.max(np.abs(want)))))
+            if not np.all(np.isfinite(got)):
+                err = float("nan")
+            status = PASS if (math.isfinite(err) and err <= tol) else FAIL
+            report.add_row(
+                "tower_check", item=case, backend=f"{a} vs {b}", shape=f"output, {layers} layers",
+                check="full depth, backend vs backend", check_err=err, check_tol=tol, verdict=status,
+            )  # fmt: skip
+            report.verdict(
+                "tower", f"{case} {a} vs {b} ({layers} layers)", status, f"rel err {err:.2e} (tol {tol:.1e})"
             )
-    else:
-        for dtype, short in (("float32", "fp32"), ("bfloat16", "bf16")):
-            out[f"CUDA C {short}"] = (
-                lambda c, w, dtype=dtype: MoonViT(c, w, backend="cupy", dtype=dtype),
-                "cupy",
-                gpu or "GPU",
-                dtype,
-            )
-    return out
 
 
 def _torch_baseline(
     plan: Plan,
-    report: Report,
+    report: Any,
     ctx: dict[str, Any],
     case: str,
     L: int,
@@ -422,12 +454,11 @@ def _torch_baseline(
     weights: Mapping[str, np.ndarray],
     pixels: np.ndarray,
     grid: np.ndarray,
-    budget: Budget,
 ) -> tuple[str, float] | None:
     """Time the tower in PyTorch eager (`torch_tower.torch_forward`: cuBLAS GEMMs + SDPA) as the
     tower's baseline: bf16 on the GPU, fp32 on the CPU under --simulate. A missing torch, or a
     failure of the baseline itself, is a note, never a verdict: it says nothing about our kernels."""
-    if ctx.get("unavailable") or budget.spent():
+    if ctx.get("unavailable"):
         return None
     try:
         if "torch" not in ctx:
@@ -461,7 +492,6 @@ def _torch_baseline(
         def forward(self, pv: np.ndarray, g: np.ndarray, on_layer: Any = None) -> Any:
             return torch_forward(torch, pv, g, weights, c, ctx["device"], ctx["dtype"], ctx["w"])
 
-    print(f"[tower] {case}: {ctx['label']} baseline ...", flush=True)
     try:
         with torch.inference_mode():
             for _ in range(plan.tower_warmup):

@@ -34,7 +34,7 @@ Versions (llm.c style: each keeps the idea of the previous one and changes one t
       FFMA; numba `range` loops cost 24 and 9).
 
 Launches are checked on the host (`launch.check_launch`): block size against the kernel's
-registers (v1 at hd 24 uses ~128 per thread, so at most 480 threads), and grid limits.
+registers (v1 at hd 24 uses ~128 per thread, so at most 384 threads), and grid limits.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import launch_rules
 from ._cuda import cuda, float32
 from .device_functions import REDUCE_MAX, REDUCE_SUM, block_reduce, find_item
 from .launch import ceil_div, check_array, check_launch, check_positive, copy_back, device_array, to_device
@@ -293,8 +294,8 @@ def v1_shared_bytes(head_dim: int, threads: int) -> int:
 
 
 def register_limit(threads_per_block: int) -> int:
-    """Most registers per thread that still let one block of this size launch (64K registers per SM, <= 255)."""
-    return min(255, 65536 // threads_per_block)
+    """Most registers per thread that still let one block of this size launch (`launch_rules`, <= 255)."""
+    return launch_rules.max_registers_for(threads_per_block)
 
 
 # Kernels checked by the compile tier (`compile_check`): the real K3 head_dim (128) with the

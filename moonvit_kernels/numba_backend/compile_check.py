@@ -28,7 +28,8 @@ Which kernels: every module of this package that defines
 where `python_function` is the kernel's Python function (`dispatcher.py_func` for an `@cuda.jit`
 kernel) and the signature is numba's, e.g. `"void(float32[:, ::1], int32)"`. An optional third
 element sets the kernel's register limit (default DEFAULT_MAX_REGISTERS). A useful limit is
-`65536 // threads_per_block` (capped at 255): above it the launch fails on Hopper.
+`launch_rules.max_registers_for(threads_per_block)`: above it the block cannot launch (registers go to
+warps in units of 256 and to each of an SM's 4 sub-partitions; 168 for 384 threads, not 170).
 
 The simulator must be off in this process (`NUMBA_ENABLE_CUDASIM` unset or 0): `main` removes the
 variable before numba is first imported, so the tests run this module in a subprocess.

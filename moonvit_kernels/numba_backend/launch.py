@@ -9,8 +9,9 @@ host NumPy arrays for convenience, which `to_device` copies to the device (and `
 copies an in-place result back into). Launchers always return device arrays.
 
 `check_launch` checks what the simulator cannot: every grid dimension (x < 2^31, y and z <= 65535),
-threads per block, and threads x registers per thread (from the compile tier's table in
-`registers.py`) against the 65,536 registers a block may use.
+threads per block, and the block's registers (per thread from the compile tier's table in
+`registers.py`) against the register file's launch rule (`moonvit_kernels.launch_rules`: registers
+go to warps in units of 256, and to each of an SM's 4 sub-partitions).
 
 Also here: grid-size helpers and the int32 tables that describe packed media items.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import launch_rules
 from ._cuda import cuda, is_cuda_ndarray
 
 # Largest index a kernel computes in int32 without overflow.
@@ -121,8 +123,6 @@ def jit_named(fn: Any, name: str) -> Any:
 MAX_THREADS_PER_BLOCK = 1024
 MAX_GRID = (2**31 - 1, 65535, 65535)  # blocks along x, y, z
 MAX_BLOCK = (1024, 1024, 64)  # threads along x, y, z
-REGISTERS_PER_BLOCK = 65536
-REGISTER_UNIT = 256  # registers are given to a warp in multiples of this
 
 
 def kernel_name(kernel: Any) -> str:
@@ -131,15 +131,14 @@ def kernel_name(kernel: Any) -> str:
 
 
 def block_registers(registers_per_thread: int, threads: int) -> int:
-    """Registers a block of `threads` takes: per warp, 32·registers rounded up to REGISTER_UNIT."""
-    per_warp = ceil_div(32 * registers_per_thread, REGISTER_UNIT) * REGISTER_UNIT
-    return ceil_div(threads, 32) * per_warp
+    """Registers a block of `threads` takes: per warp, 32·registers rounded up to 256."""
+    return launch_rules.warps_of(threads) * launch_rules.registers_per_warp(registers_per_thread)
 
 
 def max_threads_for(registers_per_thread: int) -> int:
-    """The largest multiple of 32 threads whose registers fit one block (at most 1024)."""
-    per_warp = block_registers(registers_per_thread, 32)
-    return min(MAX_THREADS_PER_BLOCK, REGISTERS_PER_BLOCK // per_warp * 32)
+    """The most threads (a multiple of 32, at most 1024) a block may have at this many registers per
+    thread (`launch_rules.max_threads_for`: per warp, per SM sub-partition)."""
+    return launch_rules.max_threads_for(registers_per_thread)
 
 
 def kernel_registers(name: str, compiler: str | None = None) -> tuple[int, str]:
@@ -169,7 +168,7 @@ def check_launch(kernel: Any, blocks: Any, threads: Any, registers_of: str | Non
     `blocks` and `threads` are ints or tuples (x, y, z order). Every grid dimension must be in
     1..MAX_GRID, the block 1..1024 threads, and the block's registers (per-thread count from
     `kernel_registers` under the kernel's name, or `registers_of` when a specialisation
-    shares another's count) must fit REGISTERS_PER_BLOCK. Raises ValueError naming the kernel.
+    shares another's count) must pass `launch_rules.register_problem`. Raises ValueError naming the kernel.
     """
     name = kernel_name(kernel)
     grid = (blocks,) if isinstance(blocks, (int, np.integer)) else tuple(blocks)
@@ -186,12 +185,9 @@ def check_launch(kernel: Any, blocks: Any, threads: Any, registers_of: str | Non
             f"x, y, z), has {count}"
         )
     registers, source = kernel_registers(registers_of or name)
-    if block_registers(registers, count) > REGISTERS_PER_BLOCK:
-        raise ValueError(
-            f"{name}: {count} threads x {registers} registers ({source}) need "
-            f"{block_registers(registers, count)} registers, more than the {REGISTERS_PER_BLOCK} a block "
-            f"can have: use at most {max_threads_for(registers)} threads"
-        )
+    problem = launch_rules.register_problem(registers, count)
+    if problem:
+        raise ValueError(f"{name}: {problem} ({source}): use at most {max_threads_for(registers)} threads")
     return blocks, threads
 
 

@@ -23,6 +23,17 @@ def rope_angle_maps(h: int, w: int, head_dim: int, quantity: str = "cos") -> np.
     return {"angle": maps, "cos": np.cos(maps), "sin": np.sin(maps)}[quantity]
 
 
+def _label_grid_axes(axes: Sequence, rows: int, cols: int, shown: int) -> None:
+    """'column' under the bottom panels, 'row' beside the left ones, ticks at 0 and the last index."""
+    for k, ax in enumerate(axes[:shown]):
+        r, c = divmod(k, cols)
+        last_row = r == rows - 1 or k + cols >= shown
+        if last_row:
+            ax.set_xlabel("column", fontsize=7, labelpad=1)
+        if c == 0:
+            ax.set_ylabel("row", fontsize=7, labelpad=1)
+
+
 def rope_frequency_maps(
     h: int,
     w: int,
@@ -31,15 +42,16 @@ def rope_frequency_maps(
     max_columns: int = 8,
     slots: Sequence[int] | None = None,
 ) -> Figure:
-    """One heat map per complex slot (all `hd/2`, or the given `slots`) over the h × w grid, with one
-    shared colour bar: width slots (even j) vary along columns, height slots (odd j) along rows; low i
-    turns fast, high i barely turns.
+    """One heat map per complex slot (all `hd/2`, or the given `slots`) over the h × w grid (x: column,
+    y: row), with one shared colour bar: width slots (even j) vary along columns, height slots (odd j)
+    along rows; low i turns fast, high i barely turns.
 
-    `quantity` "cos" / "sin" share the scale −1 … 1. "angle" (radians) uses a shared logarithmic scale,
-    so a slot turning 10⁻⁴ rad per patch and one turning 1 rad per patch both show their gradient and
-    the bar reads off how far apart they are; angle 0 (row or column 0) is drawn in the "bad" colour.
+    `quantity` "cos" / "sin" share the scale −1 … 1. "angle" (radians) uses a shared symmetric-log scale,
+    linear below the smallest non-zero angle, so a slot turning 10⁻⁴ rad per patch and one turning 1 rad
+    per patch both show their gradient, angle 0 (row or column 0) has a colour of its own, and the bar
+    reads off how many decades apart they are.
     """
-    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib.colors import Normalize, SymLogNorm
 
     maps = rope_angle_maps(h, w, head_dim, quantity)
     chosen = list(range(maps.shape[0])) if slots is None else [int(j) for j in slots]
@@ -48,28 +60,178 @@ def rope_frequency_maps(
     n = len(chosen)
     cols = min(max_columns, n)
     rows = -(-n // cols)
-    fig = Figure(figsize=(1.9 * cols + 1.0, 1.9 * rows * h / max(w, 1) + 0.8), layout="constrained")
+    fig = Figure(figsize=(1.9 * cols + 1.2, 1.9 * rows * h / max(w, 1) + 1.0), layout="constrained")
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     if quantity == "angle":
         positive = maps[chosen][maps[chosen] > 0]
         lo, hi = (float(positive.min()), float(positive.max())) if positive.size else (1e-6, 1.0)
-        norm, cmap, label = LogNorm(lo, max(hi, lo * 10)), "viridis", "angle (rad), log scale"
+        norm = SymLogNorm(linthresh=lo, linscale=0.3, vmin=0.0, vmax=max(hi, lo * 10), base=10)
+        cmap, label = "viridis", "angle (rad), symmetric log scale"
     else:
         norm, cmap, label = Normalize(-1.0, 1.0), "RdBu", f"{quantity}(angle)"
     image = None
     for k, ax in enumerate(axes):
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ax.set_xticks([0, w - 1])
+        ax.set_yticks([0, h - 1])
+        ax.tick_params(labelsize=6, length=2, pad=1)
         if k >= n:
             ax.set_visible(False)
             continue
         j = chosen[k]
-        data = np.ma.masked_less_equal(maps[j], 0) if quantity == "angle" else maps[j]
-        image = ax.imshow(data, cmap=cmap, norm=norm)
-        ax.set_title(f"slot {j}: {'w' if j % 2 == 0 else 'h'}, i={j // 2}", fontsize=7)
+        image = ax.imshow(maps[j], cmap=cmap, norm=norm, interpolation="nearest")
+        ax.set_title(f"slot {j}: {'width' if j % 2 == 0 else 'height'}, i={j // 2}", fontsize=7)
+    _label_grid_axes(axes, rows, cols, n)
     fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label=label)
     shown = "angle" if quantity == "angle" else f"{quantity}(angle)"
-    fig.suptitle(f"2D RoPE {shown} on a {h}×{w} patch grid, head_dim {head_dim}", fontsize=9)
+    fig.suptitle(f"2D RoPE {shown} on a {h}×{w} patch grid (x: column, y: row), head_dim {head_dim}", fontsize=9)
+    return fig
+
+
+def rope_comb(head_dim: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(along_row, along_column)`, each `[hd/2, length]` float64: cos of every slot's angle for a token
+    moving along a row (column 0 … length−1, row 0) and down a column (row 0 … length−1, column 0).
+
+    Interleaving makes a comb: along a row only the even (width) slots turn, down a column only the odd
+    (height) slots."""
+    if length < 1:
+        raise ValueError(f"length must be >= 1, got {length}")
+    along_row = rope_angle_maps(1, length, head_dim, "cos")[:, 0, :]
+    along_col = rope_angle_maps(length, 1, head_dim, "cos")[:, :, 0]
+    return along_row, along_col
+
+
+def plot_rope_comb(head_dim: int = 128, length: int = 64) -> Figure:
+    """The slot × position comb of `rope_comb`: two heat maps of cos(angle), slots down, positions across."""
+    along_row, along_col = rope_comb(head_dim, length)
+    fig = Figure(figsize=(10, 0.06 * head_dim + 2.2), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    image = None
+    panels = (
+        (along_row, "column (along a row), patches", "moving along a row: only the even (width) slots turn"),
+        (along_col, "row (down a column), patches", "moving down a column: only the odd (height) slots turn"),
+    )
+    for ax, (data, xlabel, title) in zip(axes, panels, strict=True):
+        image = ax.imshow(data, cmap="RdBu", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, fontsize=9)
+    axes[0].set_ylabel("complex slot j (even: width, odd: height); frequency i = j // 2")
+    fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label="cos(angle)")
+    fig.suptitle(
+        f"2D RoPE, head_dim {head_dim}, θ = 10000: every slot's cos(angle) against position — a comb, fast slots "
+        "at the top, slow at the bottom",
+        fontsize=9,
+    )
+    return fig
+
+
+def rope_offset_map(
+    head_dim: int,
+    extent: int,
+    swapped: bool = False,
+    width_weight: float = 1.0,
+    height_weight: float = 0.35,
+    seed: int = 0,
+) -> np.ndarray:
+    """`[2E+1, 2E+1]` float64: `rope(q, (0, 0)) · rope(q, (Δrow, Δcol)) / |q|²` for Δrow, Δcol in −E … E
+    (rows: Δrow, columns: Δcol), one random q whose width slots carry `width_weight` and height slots
+    `height_weight` of the energy (a query that cares more about horizontal position).
+
+    `swapped=True` turns the width slots by the row and the height slots by the column (the bug of a
+    port that swaps the axes): the map is transposed."""
+    if extent < 0:
+        raise ValueError(f"extent must be >= 0, got {extent}")
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal(head_dim)
+    energy = q[0::2] ** 2 + q[1::2] ** 2  # per complex slot
+    energy[0::2] *= width_weight
+    energy[1::2] *= height_weight
+    f = reference.rope_frequencies(head_dim, dtype=np.float64)
+    d = np.arange(-extent, extent + 1, dtype=np.float64)
+    dr, dc = np.meshgrid(d, d, indexing="ij")
+    width_pos, height_pos = (dr, dc) if swapped else (dc, dr)
+    score = np.zeros_like(dr)
+    for i, fi in enumerate(f):
+        score += energy[2 * i] * np.cos(width_pos * fi) + energy[2 * i + 1] * np.cos(height_pos * fi)
+    return score / energy.sum()
+
+
+def plot_rope_offset_map(head_dim: int = 128, extent: int = 32, seed: int = 0) -> Figure:
+    """q·k after RoPE against the (row, column) offset, K3's convention beside the width/height-swapped one."""
+    fig = Figure(figsize=(10, 4.6), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    image = None
+    maps = [rope_offset_map(head_dim, extent, swapped=swapped, seed=seed) for swapped in (False, True)]
+    vmin = float(min(m.min() for m in maps))
+    for ax, swapped, data in zip(axes, (False, True), maps, strict=True):
+        image = ax.imshow(data, cmap="magma", vmin=vmin, vmax=1.0, extent=(-extent - 0.5, extent + 0.5, extent + 0.5,
+                          -extent - 0.5), interpolation="nearest")  # fmt: skip
+        ax.set_xlabel("column offset Δcol (patches)")
+        ax.set_title(
+            "SWAPPED: width slots turn by the row — transposed" if swapped else
+            "K3: width (even) slots turn by the column",
+            fontsize=9,
+        )  # fmt: skip
+    axes[0].set_ylabel("row offset Δrow (patches)")
+    fig.colorbar(image, ax=axes.tolist(), shrink=0.85, label="q·k after RoPE / |q|²")
+    fig.suptitle(
+        f"RoPE makes q·k a function of the 2-D offset only (head_dim {head_dim}; q = k random, width slots weighted "
+        "1, height 0.35)",
+        fontsize=9,
+    )
+    return fig
+
+
+def rope_wavelengths(head_dim: int) -> np.ndarray:
+    """`[hd/4]` float64: the period `2π/f_i` of frequency i, in patches."""
+    return 2 * np.pi / reference.rope_frequencies(head_dim, dtype=np.float64)
+
+
+def k3_map_frequencies(head_dim: int = 128, panels: int = 6) -> list[int]:
+    """`panels` frequency indices spread evenly in log-wavelength from the fastest to the slowest."""
+    n = head_dim // 4
+    return sorted({int(round(x)) for x in np.linspace(0, n - 1, panels)})
+
+
+def plot_rope_k3_maps(head_dim: int = 128, grid: tuple[int, int] = (64, 64), panels: int = 6) -> Figure:
+    """cos of the width slot (top) and the height slot (bottom) of `panels` frequencies, each drawn over at
+    least one full period of its own: over the image when it turns several times inside it, else over one
+    wavelength with the image outlined — so every panel shows structure, and the outline shows how much of a
+    slow slot's period a real image sees (x: column, y: row, in patches)."""
+    from matplotlib.patches import Rectangle
+
+    gh, gw = grid
+    if gh < 1 or gw < 1:
+        raise ValueError(f"grid must be at least 1×1, got {gh}×{gw}")
+    freqs = k3_map_frequencies(head_dim, panels)
+    f = reference.rope_frequencies(head_dim, dtype=np.float64)
+    lam = rope_wavelengths(head_dim)
+    fig = Figure(figsize=(2.1 * len(freqs) + 1.3, 5.0), layout="constrained")
+    axes = fig.subplots(2, len(freqs), squeeze=False)
+    image = None
+    for c, i in enumerate(freqs):
+        extent = max(gh, gw, lam[i])
+        pos = np.linspace(0, extent, 96)
+        for r, axis in enumerate(("width", "height")):
+            ax = axes[r, c]
+            rows, cols = np.meshgrid(pos, pos, indexing="ij")
+            data = np.cos((cols if axis == "width" else rows) * f[i])
+            image = ax.imshow(data, cmap="RdBu", vmin=-1, vmax=1, origin="upper", extent=(0, extent, extent, 0))
+            ax.add_patch(Rectangle((0, 0), gw, gh, fill=False, ls="--", lw=1.2, color="k"))
+            ax.set_title(f"{axis} slot {2 * i + r}, i={i}\nλ = {lam[i]:,.0f} patches", fontsize=7)
+            share = max(gh, gw) / extent
+            if share < 0.1:
+                ax.text(0.03, 0.97, f"image: {share * 100:.2g}%\nof a period", transform=ax.transAxes, fontsize=6,
+                        va="top", bbox={"facecolor": "w", "alpha": 0.8, "lw": 0})  # fmt: skip
+            ax.tick_params(labelsize=6)
+            ax.set_xlabel("column", fontsize=7, labelpad=1)
+            if c == 0:
+                ax.set_ylabel("row", fontsize=7)
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="cos(angle)")
+    fig.suptitle(
+        f"K3's 2D RoPE (head_dim {head_dim}, θ = 10000): width slots vary along columns, height slots along rows. "
+        f"Dashed: the image ({gh}×{gw} patches)",
+        fontsize=9,
+    )
     return fig
 
 

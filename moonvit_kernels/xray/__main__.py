@@ -6,8 +6,9 @@ Writes DIR/xray.md (a table per kernel family), DIR/xray.csv (one row per kernel
 architecture) and PNGs (a roofline per GPU, hot-loop instructions per FMA), and prints a one-screen
 summary. KERNEL filters by substring of the kernel label (gemm_v3, flash_attn, attention_v2_hd128...),
 family name (gemm, attention, rmsnorm, rope, merge, pos_emb, input_check) or a regular expression.
-Every number is a model without a GPU; `--measured results.csv` (from gpu_check) overlays measured
-points on the roofline.
+Every number is a model without a GPU. Calibration: `--measured results.csv` (from gpu_check; by
+default every benchmarks/results/*/results.csv of the source tree) puts the measured rates beside
+the bounds in xray.md and as stars on the roofline; with no GPU run the report says so.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default="xray_report", help="output directory (default: ./xray_report)")
     p.add_argument("--backend", choices=("numba", "cuda", "both"), default="both")
     p.add_argument("--no-trace", action="store_true", help="skip the bank-conflict / coalescing traces")
-    p.add_argument("--measured", help="a gpu_check results.csv to overlay on the roofline")
+    p.add_argument(
+        "--measured", help="a gpu_check results.csv to compare the bounds with (default: benchmarks/results)"
+    )
     p.add_argument("--cache-dir", help="where cubins are cached (default: $MOONVIT_XRAY_CACHE or the temp dir)")
     args = p.parse_args(argv)
 
@@ -64,11 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not report.rows:
         print("no kernel matched " + " ".join(args.kernels), file=sys.stderr)
         return 1
-    measured = []
-    if args.measured:
-        from .roofline import read_measured
+    from .calibration import attach
 
-        measured = read_measured(args.measured)
+    measured = attach(report, [args.measured] if args.measured else None)
     (out / "xray.md").write_text(rep.markdown(report, archs), encoding="utf-8")
     rep.write_csv(report.rows, out / "xray.csv")
     pngs = rep.plots(report, out, archs, measured)

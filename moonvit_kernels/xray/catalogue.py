@@ -5,6 +5,9 @@ K3 shapes (docs/model.md): D = 1024, Q = 1536 (12 heads of hd 128), MLP 4096, pa
 2x2 merge -> 4096-wide projector input, text width T = 7168. One launch is modelled on one
 896x896 image: L = 4096 tokens (64 x 64 patches), M' = L/4 = 1024 merged tokens.
 
+FLOPs: 2 x the multiply-adds of the GEMMs and attention's QKᵀ and PV (`fma_exact`: the X-ray scales the
+SASS of their FMA loops by them, `launch_counts`); a nominal count for the memory-bound kernels.
+
 Bytes, per launch:
   dram     compulsory DRAM traffic: every input read once, every output written once (the floor
            no tiling can beat; the roofline's lower-bound time uses it);
@@ -54,12 +57,15 @@ class KernelInfo:
     dram_bytes: float | None = None
     request_bytes: float | None = None
     formula: str = ""
-    peak: str = "fp32"  # "fp32" (SIMT) or "bf16" (tensor cores)
+    peak: str = "fp32"  # the compute roof: "fp32" (FFMA), "mma_sync" (bf16 HMMA) or "wgmma" (bf16 HGMMA)
+    fma_shares: tuple[float, ...] = ()  # FLOPs share of each phase's loop (launch_counts.fma_loops)
+    fma_exact: bool = False  # FLOPs = 2 x the kernel's multiply-adds (GEMM, attention): the SASS can be scaled by them
 
 
 def _gemm(info: KernelInfo, epilogue: str, in_b: int, out_b: int, tile_m: int | None, tile_n: int | None) -> None:
     M, N, K, what = GEMM_SHAPES[epilogue]
     info.flops = 2.0 * M * N * K
+    info.fma_exact = True
     res = out_b * M * N if epilogue == "residual" else 0
     info.dram_bytes = in_b * (M * K + N * K) + out_b * M * N + res
     if tile_m is None:  # one output per thread, no reuse: A row and B row per output
@@ -76,6 +82,7 @@ def _gemm(info: KernelInfo, epilogue: str, in_b: int, out_b: int, tile_m: int | 
 def _attention(info: KernelInfo, elem: int, block_q: int | None) -> None:
     per_head = L * L * HD
     info.flops = 4.0 * per_head * HEADS
+    info.fma_exact = True
     info.dram_bytes = elem * (3 * L * Q + L * Q) + 4 * L * HEADS
     kv_reads = L if block_q is None else L / block_q  # times K and V of the item are read
     info.request_bytes = elem * (kv_reads * 2 * L * HD * HEADS + L * Q + L * Q) + 4 * L * HEADS
@@ -113,6 +120,7 @@ def _numba(info: KernelInfo) -> None:
         hd, bq, bk = (int(g) for g in m.groups())
         info.family, info.version, info.specialisation, info.threads = "attention", "v2", f"hd{hd} q{bq} k{bk}", bq * bk
         info.k3 = hd == HD
+        info.fma_shares = (0.5, 0.5)  # the QK loop and the PV loop do L²·hd multiply-adds each
         if info.k3:
             _attention(info, 4, bq)
     elif m := re.fullmatch(r"rmsnorm_kernel_t(\d+)", label):
@@ -141,15 +149,15 @@ def _cuda(info: KernelInfo) -> None:
     size = {"f32": 4, "bf16": 2}
     if m := re.fullmatch(r"gemm_bf16_tc_(f32|bf16)_(\w+)", label):
         info.family, info.version, info.specialisation = "gemm", "CUDA bf16 tc", f"out {m[1]}, {m[2]}"
-        info.peak = "bf16"
+        info.peak = "mma_sync"
         _gemm(info, m[2], 2, size[m[1]], 128, 128)
     elif m := re.fullmatch(r"gemm_bf16_sm90_bn(\d+)_(f32|bf16)_(\w+)", label):
         info.family, info.version, info.specialisation = "gemm", "CUDA sm90 wgmma", f"BN {m[1]}, out {m[2]}, {m[3]}"
-        info.peak = "bf16"
+        info.peak = "wgmma"
         _gemm(info, m[3], 2, size[m[2]], 128, int(m[1]))
     elif m := re.fullmatch(r"flash_attn_sm90_hd(\d+)", label):
         hd = int(m[1])
-        info.family, info.version, info.specialisation, info.peak = "attention", "CUDA sm90 wgmma", f"hd{hd}", "bf16"
+        info.family, info.version, info.specialisation, info.peak = "attention", "CUDA sm90 wgmma", f"hd{hd}", "wgmma"
         info.k3 = hd == HD
         if info.k3:
             _attention(info, 2, 64)
@@ -159,7 +167,7 @@ def _cuda(info: KernelInfo) -> None:
     elif m := re.fullmatch(r"flash_attn_(f32|bf16)_hd(\d+)", label):
         hd = int(m[2])
         info.family, info.version, info.specialisation = "attention", f"CUDA flash {m[1]}", f"hd{hd}"
-        info.peak = "bf16" if m[1] == "bf16" else "fp32"
+        info.peak = "mma_sync" if m[1] == "bf16" else "fp32"
         info.k3 = hd == HD
         if info.k3:
             _attention(info, size[m[1]], 64 if m[1] == "bf16" else 16)

@@ -3,20 +3,21 @@
 Inputs: registers per thread (from the compiled binary), threads per block and shared memory per
 block (static from the binary + dynamic from the launcher). Per SM, the resident blocks are the
 minimum of four limits:
-  registers  each warp gets ceil(regs·32 / 256)·256 registers; floor(65536 / that) warps fit,
-             then floor(warps / warps_per_block) blocks
+  registers  `launch_rules.blocks_by_registers`: each warp gets ceil(regs·32 / 256)·256 registers, each
+             of the SM's 4 sub-partitions holds floor(16,384 / that) warps, then floor(warps / warps_per_block)
   shared     each block takes round_up(static + dynamic + 1 KiB reserve, 128 B) (the reserve is counted for
              every block, as cudaOccupancyMaxActiveBlocksPerMultiprocessor does); floor(SM shared / that)
   warps      floor(max warps per SM / warps per block)
   blocks     the hardware's max blocks per SM
-A block that cannot launch at all (too many threads, registers x threads > 64K, shared memory over
-the opt-in limit) gets 0 blocks and says why.
+A block that cannot launch at all (too many threads, registers over `launch_rules.register_problem`,
+shared memory over the opt-in limit) gets 0 blocks and says why.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import launch_rules
 from .arch import ArchLimits, limits
 
 
@@ -55,17 +56,14 @@ def occupancy(
     problems = []
     if threads > lim.max_threads_per_block:
         problems.append(f"{threads} threads > {lim.max_threads_per_block} per block")
-    if registers > lim.max_registers_per_thread:
-        problems.append(f"{registers} registers > {lim.max_registers_per_thread} per thread")
-    regs_per_warp = _ceil_to(max(registers, 1) * 32, lim.register_unit)
-    if regs_per_warp * warps > lim.registers_per_block:
-        problems.append(f"{registers} registers x {threads} threads > {lim.registers_per_block} registers per block")
+    if register_problem := launch_rules.register_problem(registers, threads, lim.register_file):
+        problems.append(register_problem)
     if static_shared > lim.shared_static_max:
         problems.append(f"{static_shared} B static shared > {lim.shared_static_max} B")
     if shared > lim.shared_per_block_optin:
         problems.append(f"{shared} B shared > {lim.shared_per_block_optin} B per block (opt-in limit)")
     by_limit = {
-        "registers": (lim.registers_per_sm // regs_per_warp) // warps,
+        "registers": launch_rules.warps_by_registers(registers, lim.register_file) // warps,
         "shared": (lim.shared_per_sm // _ceil_to(shared + lim.shared_reserved_per_block, lim.shared_unit)),
         "warps": lim.max_warps_per_sm // warps,
         "blocks": lim.max_blocks_per_sm,

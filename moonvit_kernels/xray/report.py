@@ -2,7 +2,9 @@
 
 Every number is "model, no GPU": resources and SASS from the compiled binary, occupancy from the
 architecture table, conflicts and coalescing from addresses recorded on the CPU, roofline times
-from datasheet peaks.
+from the roofs of `arch` (compute per instruction class, DRAM, shared memory, issue) with the
+launch's instruction counts modelled from its SASS (`launch_counts`). `calibration` puts measured
+rates beside the bounds once a GPU run exists.
 """
 
 from __future__ import annotations
@@ -16,11 +18,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import arch as arch_table
-from . import build, catalogue, roofline, sass
+from . import build, calibration, catalogue, launch_counts, roofline, sass
 from .occupancy import occupancy
 from .trace import TraceResult
 
 DEFAULT_ARCHS = ("sm_80", "sm_89", "sm_90")
+ROOFS_NOTE = (
+    "Bounds (model, no GPU): each launch at K3 shape takes at least as long as each roof allows: compute (FFMA, "
+    "mma.sync or wgmma peak), DRAM (compulsory bytes), shared memory (wavefronts at 1 per clock per SM) and issue "
+    "(warp-instructions at 4 per clock per SM); the last two count only the loops doing the FMAs, from the SASS "
+    "(`launch_counts`). The longest binds."
+)
 FIRST_GPU = {"sm_80": "A100", "sm_89": "L40S", "sm_90": "H200"}
 
 
@@ -59,9 +67,16 @@ class Row:
     dram_bytes: float | None = None
     request_bytes: float | None = None
     intensity: float | None = None
+    shared_wavefronts: float | None = None  # per launch, modelled (launch_counts)
+    issued_instructions: float | None = None  # warp-instructions per launch, modelled
+    conflicts: str = ""  # where the conflict factors of the shared roof come from
     roofline_gpu: str = ""
     roofline_us: float | None = None
-    roofline_limit: str = ""
+    roofline_limit: str = ""  # the binding roof: FFMA, mma.sync, wgmma, DRAM, shared or issue
+    roof_compute_us: float | None = None
+    roof_dram_us: float | None = None
+    roof_shared_us: float | None = None
+    roof_issue_us: float | None = None
     roofline_all: str = ""
     formula: str = ""
     problems: str = ""
@@ -73,6 +88,10 @@ class Report:
     traces: dict[tuple[str, str], TraceResult] = field(default_factory=dict)  # by (backend, kernel label)
     notes: list[str] = field(default_factory=list)
     hot_loops: dict[tuple[str, str, str], sass.Loop] = field(default_factory=dict)  # (backend, label, arch)
+    counts: dict[tuple[str, str, str], launch_counts.LaunchCounts] = field(
+        default_factory=dict
+    )  # (backend, label, arch)
+    calibration: list[str] = field(default_factory=lambda: [calibration.NO_GPU_RUN])  # Markdown lines
 
 
 def wanted(label: str, family: str, patterns: Sequence[str]) -> bool:
@@ -172,6 +191,7 @@ def _row(
         formula=info.formula,
         problems="; ".join([*b.problems, *occ.problems, *(["no register count in cubin"] if b.registers < 0 else [])]),
     )
+    fn = None
     if nvdisasm:
         try:
             fns = sass.disassemble_file(b.cubin_path)
@@ -196,18 +216,37 @@ def _row(
         row.traced = f"trace failed: {tr.error}"
     if info.flops is not None and info.dram_bytes:
         row.intensity = round(info.flops / info.dram_bytes, 3)
+        counts = None
+        if fn is not None and info.fma_exact:
+            try:
+                counts = launch_counts.count(fn, info.flops, info.fma_shares, tr)
+            except ValueError as e:
+                row.problems = "; ".join(filter(None, [row.problems, f"counts: {e}"[:200]]))
+        if counts is not None:
+            report.counts[(b.backend, b.label, arch)] = counts
+            row.shared_wavefronts, row.issued_instructions = counts.shared_wavefronts, counts.issued
+            row.conflicts = "; ".join([counts.conflicts, *counts.notes])
         bounds = []
         for key, gpu in arch_table.GPUS.items():
             if gpu.arch != arch:
                 continue
-            bd = roofline.bound(info, gpu)
+            bd = roofline.bound(info, gpu, counts)
             if bd is None:
                 continue
             bounds.append(f"{gpu.name}: {bd.seconds * 1e6:.1f} us ({bd.limit})")
             if key == FIRST_GPU.get(arch) or not row.roofline_gpu:
-                row.roofline_gpu, row.roofline_us, row.roofline_limit = gpu.name, round(bd.seconds * 1e6, 3), bd.limit
+                _set_bound(row, gpu, bd)
         row.roofline_all = "; ".join(bounds)
     return row
+
+
+def _set_bound(row: Row, gpu: arch_table.GpuPeaks, bd: roofline.Bound) -> None:
+    def us(roof: str) -> float | None:
+        return round(bd.roofs[roof] * 1e6, 3) if roof in bd.roofs else None
+
+    row.roofline_gpu, row.roofline_us, row.roofline_limit = gpu.name, round(bd.seconds * 1e6, 3), bd.limit
+    row.roof_compute_us = next(us(r) for r in roofline.COMPUTE_ROOFS.values() if r in bd.roofs)
+    row.roof_dram_us, row.roof_shared_us, row.roof_issue_us = us("DRAM"), us("shared"), us("issue")
 
 
 # ============================================================================ outputs
@@ -249,6 +288,7 @@ def markdown(report: Report, archs: Sequence[str]) -> str:
         "",
     ]
     lines += [f"> {n}" for n in report.notes]
+    lines += ["", ROOFS_NOTE, f"Sources: {arch_table.SOURCE_ROOFS}."]
     families = sorted({(r.backend, r.family) for r in report.rows})
     for backend, family in families:
         rows = [r for r in report.rows if r.backend == backend and r.family == family]
@@ -294,18 +334,28 @@ def markdown(report: Report, archs: Sequence[str]) -> str:
             )  # fmt: skip
         k3 = [r for r in rows if r.flops is not None]
         if k3:
-            lines += ["", "### Roofline at K3 shapes (datasheet peaks, model, no GPU)", ""]
+            lines += ["", "### Roofs at K3 shapes (model, no GPU)", ""]
             lines += _table(
-                ("kernel", "arch", "GFLOP", "DRAM MB", "requested MB", "FLOP/B", "lower bound"),
+                ("kernel", "arch", "GFLOP", "DRAM MB", "FLOP/B", "shared wavefronts", "warp-instructions", "GPU",
+                 "compute us", "DRAM us", "shared us", "issue us", "bound us", "binds", "all GPUs"),
                 [
-                    (r.kernel, r.arch, r.flops / 1e9, r.dram_bytes / 1e6, (r.request_bytes or 0) / 1e6, r.intensity,
-                     r.roofline_all)
+                    (r.kernel, r.arch, r.flops / 1e9, r.dram_bytes / 1e6, r.intensity, _count(r.shared_wavefronts),
+                     _count(r.issued_instructions), r.roofline_gpu, r.roof_compute_us, r.roof_dram_us,
+                     r.roof_shared_us, r.roof_issue_us, r.roofline_us, r.roofline_limit, r.roofline_all)
                     for r in k3
                 ],
             )  # fmt: skip
             formulas = sorted({r.formula for r in k3})
             lines += ["", *[f"- {f}" for f in formulas]]
+            conflicts = sorted({f"{r.kernel}: {r.conflicts}" for r in k3 if r.conflicts})
+            if conflicts:
+                lines += ["", "Shared-memory conflict factors of the shared roof:", *[f"- {c}" for c in conflicts]]
+    lines += ["", "## Calibration against a GPU run", "", *report.calibration]
     return "\n".join(lines) + "\n"
+
+
+def _count(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
 
 
 def summary(report: Report, arch: str = "sm_90") -> str:
@@ -313,14 +363,14 @@ def summary(report: Report, arch: str = "sm_90") -> str:
     rows = [r for r in report.rows if r.arch == arch and r.k3]
     if not rows:
         rows = [r for r in report.rows if r.k3]
-    cols = ("regs", "blk/SM", "occ", "limit", "i/FMA", "bank", "coal", "bound us")
-    widths = (4, 6, 5, 16, 6, 5, 5, 9)
+    cols = ("regs", "blk/SM", "occ", "limit", "i/FMA", "bank", "coal", "bound us", "binds")
+    widths = (4, 6, 5, 16, 6, 5, 5, 9, 8)
     head = f"{'kernel':34s} " + " ".join(f"{c:>{w}s}" for c, w in zip(cols, widths, strict=True))
-    lines = [f"Kernel X-ray, {arch} (model, no GPU; roofline: {FIRST_GPU.get(arch, '')} datasheet)", head]
+    lines = [f"Kernel X-ray, {arch} (model, no GPU; roofs: {FIRST_GPU.get(arch, '')})", head]
     groups: dict[tuple, list[Row]] = {}
     for r in rows:  # specialisations with identical figures (e.g. epilogues) share one line
         key = (r.backend, r.family, r.version, r.registers, r.blocks_per_sm, r.limiter, r.hot_loop_per_fma,
-               r.worst_bank_conflict, r.worst_coalescing)  # fmt: skip
+               r.worst_bank_conflict, r.worst_coalescing, r.roofline_limit)  # fmt: skip
         groups.setdefault(key, []).append(r)
     for members in groups.values():
         r = members[0]
@@ -328,15 +378,16 @@ def summary(report: Report, arch: str = "sm_90") -> str:
         lines.append(
             f"{name[:34]:34s} {r.registers:4d} {r.blocks_per_sm:6d} {r.occupancy:5.0%} "
             f"{r.limiter[:16]:>16s} {_fmt(r.hot_loop_per_fma, 1):>6s} {_fmt(r.worst_bank_conflict, 0):>5s} "
-            f"{_fmt(r.worst_coalescing, 0):>5s} {_fmt(r.roofline_us, 1):>9s}"
+            f"{_fmt(r.worst_coalescing, 0):>5s} {_fmt(r.roofline_us, 1):>9s} {r.roofline_limit:>8s}"
         )
     lines.append("i/FMA: hot-loop SASS instructions per FFMA (per HMMA on tensor cores); bank, coal: worst access")
     lines.append("site's wavefronts and sectors over ideal (traced on the CPU); bound: roofline lower bound at K3 size")
+    lines.append("(first kernel of a group), binds: the roof that sets it (FFMA, mma.sync, wgmma, DRAM, shared, issue)")
     lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines)
 
 
-def plots(report: Report, out: Path, archs: Sequence[str], measured: Sequence[dict] = ()) -> list[Path]:
+def plots(report: Report, out: Path, archs: Sequence[str], measured: dict | None = None) -> list[Path]:
     """roofline_<gpu>.png for each GPU of the archs, and hot_loop_instr_per_fma.png."""
     from matplotlib.figure import Figure
 
@@ -344,18 +395,17 @@ def plots(report: Report, out: Path, archs: Sequence[str], measured: Sequence[di
     for key, gpu in arch_table.GPUS.items():
         if gpu.arch not in archs:
             continue
-        infos = [
-            catalogue.describe(r.backend, r.kernel, r.threads, r.dynamic_shared)
-            for r in report.rows
-            if r.arch == gpu.arch and r.k3 and r.flops is not None
-        ]
-        seen, uniq = set(), []
-        for i in infos:  # one point per (backend, family, version): epilogues and dtypes share it
-            k = (i.backend, i.family, i.version)
-            if k not in seen:
-                seen.add(k)
-                uniq.append(i)
-        paths.append(roofline.plot(uniq, gpu, out / f"roofline_{key}.png", measured))
+        points, seen = [], set()
+        for r in report.rows:  # one point per (backend, family, version): epilogues and dtypes share it
+            if r.arch != gpu.arch or not r.k3 or r.flops is None or (r.backend, r.family, r.version) in seen:
+                continue
+            seen.add((r.backend, r.family, r.version))
+            info = catalogue.describe(r.backend, r.kernel, r.threads, r.dynamic_shared)
+            counts = report.counts.get((r.backend, r.kernel, r.arch))
+            bd = roofline.bound(info, gpu, counts)
+            if bd is not None:
+                points.append((info, bd))
+        paths.append(roofline.plot(points, gpu, out / f"roofline_{key}.png", (measured or {}).get(key, ())))
     arch = "sm_90" if "sm_90" in archs else archs[0]
     rows, seen = [], set()
     for r in report.rows:  # the compute kernels; specialisations with the same hot loop drawn once

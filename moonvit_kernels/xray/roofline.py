@@ -1,137 +1,140 @@
-"""Roofline: lower-bound time of one launch from datasheet peaks, and the roofline picture.
+"""Roofline: lower-bound time of one launch from every roof, and the roofline picture.
 
-time >= max(FLOPs / peak FLOP/s, DRAM bytes / peak bandwidth), with the fp32 SIMT peak for fp32
-kernels and the dense bf16 tensor-core peak for tensor-core kernels. Every number here is a model
-from datasheet peaks ("model, no GPU"), never a measurement; measured points (a `gpu_check`
-results.csv) are drawn separately when given.
+time >= max over the roofs of the time each allows:
+  compute  FLOPs / the peak of the kernel's instruction class: FFMA (fp32), mma.sync (bf16 HMMA) or
+           wgmma (bf16 HGMMA) (`arch.GpuPeaks`; mma.sync on sm_90 is a labelled model, not a datasheet)
+  DRAM     compulsory bytes / datasheet bandwidth
+  shared   shared-memory wavefronts of the launch / (1 wavefront per clock per SM x SMs x clock)
+  issue    warp-instructions of the launch / (4 per clock per SM x SMs x clock)
+The shared and issue roofs need the launch's modelled instruction counts (`launch_counts`, from the
+SASS of its FMA loops and the traced conflicts); without them a bound has the compute and DRAM roofs
+only. The roof that gives the longest time binds: the bound's `limit` names it. Every number here is
+a model ("model, no GPU"), never a measurement; measured points (a `gpu_check` results.csv) are drawn
+separately when given, and `calibration` puts them beside the bounds.
 """
 
 from __future__ import annotations
 
-import csv
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .arch import GpuPeaks
-from .catalogue import KernelInfo
+from .catalogue import KernelInfo, describe
+from .launch_counts import LaunchCounts
+
+if TYPE_CHECKING:
+    from .calibration import Calibration
+
+# roof names of the compute peaks, by the catalogue's `peak`
+COMPUTE_ROOFS = {"fp32": "FFMA", "mma_sync": "mma.sync", "wgmma": "wgmma"}
+ROOFS = (*COMPUTE_ROOFS.values(), "DRAM", "shared", "issue")
 
 
 @dataclass
 class Bound:
-    """The roofline bound of one kernel launch on one GPU."""
+    """The roofline bound of one kernel launch on one GPU: the time each roof allows, the longest binds."""
 
     gpu: str
     seconds: float
-    limit: str  # "compute" or "memory"
+    limit: str  # the binding roof: "FFMA", "mma.sync", "wgmma", "DRAM", "shared" or "issue"
     intensity: float  # FLOPs per DRAM byte
+    roofs: dict[str, float] = field(default_factory=dict)  # roof -> seconds
 
 
 def peak_flops(gpu: GpuPeaks, peak: str) -> float:
-    """The datasheet FLOP/s of `gpu` for `peak` ("fp32" SIMT or "bf16" tensor cores)."""
-    if peak not in ("fp32", "bf16"):
-        raise ValueError(f"peak {peak!r} is not 'fp32' or 'bf16'")
-    return gpu.fp32_flops if peak == "fp32" else gpu.bf16_tensor_flops
+    """The FLOP/s of `gpu` for the instruction class `peak` ("fp32", "mma_sync" or "wgmma")."""
+    if peak not in COMPUTE_ROOFS:
+        raise ValueError(f"peak {peak!r} is not one of {', '.join(COMPUTE_ROOFS)}")
+    value = {"fp32": gpu.fp32_flops, "mma_sync": gpu.mma_sync_flops, "wgmma": gpu.wgmma_flops}[peak]
+    if value is None:
+        raise ValueError(f"{gpu.name} ({gpu.arch}) has no {COMPUTE_ROOFS[peak]} instruction")
+    return value
 
 
-def bound(info: KernelInfo, gpu: GpuPeaks) -> Bound | None:
-    """Lower-bound time of `info`'s launch at K3 shape on `gpu`; None without a FLOP/byte model."""
+def bound(info: KernelInfo, gpu: GpuPeaks, counts: LaunchCounts | None = None) -> Bound | None:
+    """Lower-bound time of `info`'s launch at K3 shape on `gpu`, from the compute and DRAM roofs and,
+    given the launch's modelled `counts`, the shared-memory and issue roofs; None without a FLOP/byte model."""
     if info.flops is None or not info.dram_bytes:
         return None
-    t_compute = info.flops / peak_flops(gpu, info.peak)
-    t_memory = info.dram_bytes / gpu.dram_bytes_per_s
-    limit = "compute" if t_compute >= t_memory else "memory"
-    return Bound(gpu.name, max(t_compute, t_memory), limit, info.flops / info.dram_bytes)
+    roofs = {
+        COMPUTE_ROOFS[info.peak]: info.flops / peak_flops(gpu, info.peak),
+        "DRAM": info.dram_bytes / gpu.dram_bytes_per_s,
+    }
+    if counts is not None:
+        roofs["shared"] = counts.shared_wavefronts / gpu.shared_wavefronts_per_s
+        roofs["issue"] = counts.issued / gpu.issue_per_s
+    limit = max(roofs, key=roofs.__getitem__)
+    return Bound(gpu.name, roofs[limit], limit, info.flops / info.dram_bytes, roofs)
 
 
-def read_measured(path: str | Path) -> list[dict[str, str]]:
-    """Rows of a gpu_check `results.csv` that carry a measured rate in TFLOP/s or GB/s
-    (columns used: item, backend, unit, rate)."""
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    out = []
-    for r in rows:
-        unit = (r.get("unit") or "").strip()
-        try:
-            ok = unit in ("TFLOP/s", "GB/s") and float(r.get("rate") or "nan") > 0
-        except ValueError:
-            ok = False
-        if ok:
-            out.append(r)
-    return out
+def plot(
+    points: Sequence[tuple[KernelInfo, Bound]], gpu: GpuPeaks, path: str | Path, measured: Sequence[Calibration] = ()
+) -> Path:
+    """Draw `gpu`'s roofline with every roof and each kernel at its bound; write a PNG to `path`.
 
-
-def match_measured(row: dict[str, str], infos: Sequence[KernelInfo]) -> KernelInfo | None:
-    """The catalogue entry a measured row stands for: same backend (numba, else CUDA C), family named in
-    the row's item, preferring entries whose version tag (v1, v2, v3, bf16, fp32, f32) the item names."""
-    item = (row.get("item") or "").lower()
-    backend = "numba" if "numba" in (row.get("backend") or "").lower() else "cuda"
-    family_hits = [i for i in infos if i.backend == backend and i.family.replace("_", "") in item.replace("_", "")]
-    if not family_hits:
-        return None
-
-    def score(info: KernelInfo) -> int:
-        tags = re.findall(r"v\d|bf16|fp32|f32", info.version.lower() + " " + info.label.lower())
-        return sum(t in item for t in tags)
-
-    return max(family_hits, key=score)
-
-
-def plot(infos: Sequence[KernelInfo], gpu: GpuPeaks, path: str | Path, measured: Sequence[dict] = ()) -> Path:
-    """Draw the roofline of `gpu` with each kernel version as a point; write a PNG to `path`.
-
-    Filled markers: the kernel as written (x = FLOPs / bytes its global loads request, y = the rate
-    the roof allows at that intensity). Hollow markers: the same kernel at its compulsory intensity
-    (FLOPs / DRAM bytes). Measured points from `measured` (gpu_check rows, `match_measured`) are stars
-    at the compulsory intensity of the kernel they measure."""
+    Lines: the DRAM slope and the compute roofs of the GPU (FFMA, mma.sync, wgmma where it exists).
+    Per kernel, at its compulsory intensity (FLOPs / DRAM bytes): a filled marker at the rate its
+    bound allows (FLOPs / bound time), and where the kernel has them, its own shared-memory (▽) and
+    issue (×) roofs as the rates they alone would allow (kernels sharing an intensity are spread
+    along x by factors of 1.3, so that they stay apart). Measured rates (`calibration.calibrate` rows
+    on this GPU) are stars at the intensity of the kernel they timed."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 6))  # no pyplot: works under any backend, inline or headless
+    fig = Figure(figsize=(11, 6))  # no pyplot: works under any backend, inline or headless
     ax = fig.subplots()
-    xs = [10 ** (k / 20) for k in range(-60, 101)]
+    xs = [10 ** (k / 20) for k in range(-30, 81)]
     bw = gpu.dram_bytes_per_s
-    for peak, style in (("fp32", "-"), ("bf16", "--")):
-        p = peak_flops(gpu, peak)
-        ax.plot(xs, [min(p, x * bw) / 1e12 for x in xs], style, color="k", lw=1.2, label=f"roof, {peak} (datasheet)")
-    families = sorted({i.family for i in infos})
-    colours = dict(zip(families, colormaps["tab10"].colors, strict=False))
-    for info in infos:
-        if info.flops is None or not info.request_bytes:
+    ax.plot(xs, [x * bw / 1e12 for x in xs], ":", color="grey", lw=1)
+    for peak, style in (("fp32", "-"), ("mma_sync", "--"), ("wgmma", "-.")):
+        try:
+            p = peak_flops(gpu, peak)
+        except ValueError:
             continue
-        p = peak_flops(gpu, info.peak)
-        x_req = info.flops / info.request_bytes
-        x_dram = info.flops / info.dram_bytes
+        ax.plot(xs, [min(p, x * bw) / 1e12 for x in xs], style, color="k", lw=1.2,
+                label=f"{COMPUTE_ROOFS[peak]} roof, {p / 1e12:.0f} TFLOP/s / DRAM")  # fmt: skip
+    families = sorted({info.family for info, _ in points})
+    colours = dict(zip(families, colormaps["tab10"].colors, strict=False))
+    shared_x: dict[float, int] = {}  # kernels at one intensity (the GEMM versions) are spread apart
+    for info, bd in points:
+        if not info.flops or not info.dram_bytes:
+            continue
+        x0 = round(info.flops / info.dram_bytes, 6)
+        x = x0 * 1.3 ** shared_x.get(x0, 0)
+        shared_x[x0] = shared_x.get(x0, 0) + 1
         c = colours[info.family]
         marker = "o" if info.backend == "numba" else "s"
-        ax.scatter([x_req], [min(p, x_req * bw) / 1e12], color=c, marker=marker, zorder=3)
-        ax.scatter([x_dram], [min(p, x_dram * bw) / 1e12], facecolors="none", edgecolors=c, marker=marker, zorder=3)
-        ax.annotate(f"{info.family} {info.version}", (x_req, min(p, x_req * bw) / 1e12), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")  # fmt: skip
-    for r in measured:
-        info = match_measured(r, infos)
-        if info is None or not info.dram_bytes:
+        ax.scatter([x], [info.flops / bd.seconds / 1e12], color=c, marker=marker, zorder=3)
+        for roof, m in (("shared", "v"), ("issue", "x")):
+            if bd.roofs.get(roof):
+                ax.scatter([x], [info.flops / bd.roofs[roof] / 1e12], color=c, marker=m, s=30, zorder=3,
+                           facecolors="none" if m == "v" else None)  # fmt: skip
+        ax.annotate(f"{info.version} ({bd.limit})", (x, info.flops / bd.seconds / 1e12), fontsize=6, rotation=30,
+                    xytext=(3, 2), textcoords="offset points")  # fmt: skip
+    for cal in measured:
+        if not cal.kernel:
             continue
+        info = describe(cal.xray_backend, cal.kernel)
         x = info.flops / info.dram_bytes
-        rate = float(r["rate"])
-        y = rate if r["unit"] == "TFLOP/s" else rate * 1e9 * x / 1e12
+        y = cal.measured if cal.unit == "TFLOP/s" else cal.measured * 1e9 * x / 1e12
         ax.scatter([x], [y], marker="*", s=120, color="crimson", zorder=4)
     for fam, c in colours.items():
         ax.scatter([], [], color=c, label=fam)
-    ax.scatter([], [], color="grey", marker="o", label="numba (filled: as written)")
-    ax.scatter([], [], color="grey", marker="s", label="CUDA C")
-    ax.scatter([], [], facecolors="none", edgecolors="grey", label="compulsory DRAM intensity")
+    ax.scatter([], [], color="grey", marker="o", label="numba kernel at its bound")
+    ax.scatter([], [], color="grey", marker="s", label="CUDA C kernel at its bound")
+    ax.scatter([], [], facecolors="none", edgecolors="grey", marker="v", label="its shared-memory roof")
+    ax.scatter([], [], color="grey", marker="x", label="its issue roof")
     if measured:
         ax.scatter([], [], marker="*", s=120, color="crimson", label="measured (gpu_check)")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_xlabel("arithmetic intensity (FLOP / compulsory DRAM byte)")
     ax.set_ylabel("attainable TFLOP/s")
-    tag = "" if measured else " — model, no GPU"
-    ax.set_title(f"Roofline {gpu.name} ({gpu.arch}), datasheet peaks, K3 shapes{tag}")
+    ax.set_title(f"Roofline {gpu.name} ({gpu.arch}), K3 shapes — model, no GPU" + (" + measured" if measured else ""))
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

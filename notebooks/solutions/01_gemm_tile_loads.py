@@ -11,17 +11,18 @@ def gemm_tile_loads(A, B, C, M, N, K):
     b_tile = cuda.shared.array((TILE, TILE + 1), float32)  # b_tile[r, kk] = B[n0 + r, k0 + kk], padded
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
-    m = cuda.blockIdx.y * TILE + ty
-    n = cuda.blockIdx.x * TILE + tx
-    n_load = cuda.blockIdx.x * TILE + ty  # the row of B this thread stages
+    m0 = cuda.blockIdx.y * TILE  # this block's first row of C
+    n0 = cuda.blockIdx.x * TILE  # and first column
     acc = float32(0.0)
     for k0 in range(0, K, TILE):
-        k = k0 + tx  # consecutive tx read consecutive k: one coalesced row segment per warp
-        a_tile[ty, tx] = A[m, k] if (m < M and k < K) else float32(0.0)
-        b_tile[ty, tx] = B[n_load, k] if (n_load < N and k < K) else float32(0.0)
+        # consecutive tx read consecutive k: one contiguous row segment per half-warp (coalesced)
+        a_tile[ty, tx] = A[m0 + ty, k0 + tx] if (m0 + ty < M and k0 + tx < K) else float32(0.0)
+        b_tile[ty, tx] = B[n0 + ty, k0 + tx] if (n0 + ty < N and k0 + tx < K) else float32(0.0)
         cuda.syncthreads()
         for kk in range(TILE):
             acc += a_tile[ty, kk] * b_tile[tx, kk]
         cuda.syncthreads()
+    m = m0 + ty
+    n = n0 + tx
     if m < M and n < N:
         C[m, n] = acc

@@ -2,22 +2,20 @@
 
 from moonvit_kernels.numba_backend._cuda import cuda, float32
 
-KH, KW = 2, 2
-
 
 @cuda.jit
-def fused_gather_gemm(x, B, C, t, h, w, D, N):
+def fused_gather_gemm(x, B, C, t, h, w, D, N, kh, kw):
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     m = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
-    M = (h // KH) * (w // KW)
+    M = (h // kh) * (w // kw)
     if m < M and n < N:
-        i = m // (w // KW)
-        j = m % (w // KW)
+        i = m // (w // kw)
+        j = m % (w // kw)
         acc = float32(0.0)
-        for k in range(KH * KW * D):
+        for k in range(kh * kw * D):
             slot = k // D
             d = k % D
-            patch = (KH * i + slot // KW) * w + (KW * j + slot % KW)
+            patch = (kh * i + slot // kw) * w + (kw * j + slot % kw)
             a = float32(0.0)
             for f in range(t):  # the merged A[m, k], never written to memory
                 a += x[f * h * w + patch, d]

@@ -9,8 +9,8 @@ numba / numba-cuda, CUDA 13 wheels) and, where installed, numba-cuda-mlir. Witho
   where nvdisasm is installed, hot loops within their SASS budgets;
 - one kernel source (merge_gather, which calls find_item) builds with both compilers and runs on the simulator.
 
-Run in the target venv: `python -m pytest -m target tests/target`. Selected only with `-m target` (the main
-suite's compile tier already covers numba-cuda on the main venv); skips say what is missing.
+Run by .ci/target_tier.sh in the target venv (tests/target/conftest.py keeps this folder out of the main
+suite, whose compile tier already covers numba-cuda); skips say what is missing.
 """
 
 from __future__ import annotations
@@ -26,14 +26,7 @@ import pytest
 from moonvit_kernels.numba_backend.compile_check import KernelReport, format_table, parse_arch, register_table_problems
 from moonvit_kernels.numba_backend.compilers import NUMBA_CUDA, NUMBA_CUDA_MLIR, installed, version
 
-# Selected only with `-m target`: the condition is read at collection, before any fixture compiles anything.
-pytestmark = [
-    pytest.mark.target,
-    pytest.mark.skipif(
-        "'target' not in (config.getoption('markexpr') or '')",
-        reason="target-environment tier: run `python -m pytest -m target tests/target` in the target venv",
-    ),
-]
+pytestmark = pytest.mark.target
 
 ARCHES = ("sm_80", "sm_90")
 MLIR_MISSING = "numba-cuda-mlir not installed (pip install 'numba-cuda-mlir[cu13]>=0.6', the `mlir` extra)"

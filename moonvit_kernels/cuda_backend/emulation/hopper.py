@@ -17,17 +17,14 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import functools
-import hashlib
 import os
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from moonvit_kernels.cuda_backend import sources as kcuda
 from moonvit_kernels.cuda_backend import tensor_maps
-from moonvit_kernels.cuda_backend.emulation import compiler
+from moonvit_kernels.cuda_backend.emulation import build, device
 
 HERE = Path(__file__).resolve().parent
 KERNEL_FILES = ("gemm_bf16_sm90.cu", "flash_attn_sm90.cu", "common.cuh", "sm90.cuh")
@@ -43,59 +40,14 @@ _u64 = ctypes.c_ulonglong
 _p = ctypes.c_void_p
 
 
-def _digest() -> str:
-    h = hashlib.sha256()
-    for name in KERNEL_FILES:
-        h.update((kcuda.KERNEL_DIR / name).read_bytes())
-    for name in STANDINS:
-        h.update((HERE / name).read_bytes())
-    h.update(Path(__file__).read_bytes())  # the build recipe below
-    return h.hexdigest()[:16]
-
-
 @functools.cache
 def library() -> ctypes.CDLL:
-    """Build (once per source version, cached in the temp dir) and load the Hopper emulation library."""
-    cxx = compiler()
-    if cxx is None:
-        raise RuntimeError("the CUDA C emulation needs a C++20 compiler (g++ >= 11); set CXX")
-    build = Path(tempfile.gettempdir()) / f"moonvit_hopper_emulation_{_digest()}"
-    lib_path = build / "libmoonvit_hopper.so"
-    if not lib_path.exists():
-        src, inc = build / "src", build / "include"
-        src.mkdir(parents=True, exist_ok=True)
-        inc.mkdir(parents=True, exist_ok=True)
-        for name in KERNEL_FILES:
-            text = (kcuda.KERNEL_DIR / name).read_text(encoding="utf-8")
-            (src / name).write_text(text.replace(_DYNAMIC_SMEM, "unsigned char* smem_raw = emu::dynamic_smem();"))
-        for name in STANDINS:
-            (inc / name).write_bytes((HERE / name).read_bytes())
-        tmp = build / f"lib.{os.getpid()}.so"
-        cmd = [
-            cxx,
-            "-std=c++20",
-            "-O1",
-            "-fPIC",
-            "-fno-gnu-unique",  # see emulation.GNU_UNIQUE_NOTE
-            "-shared",
-            "-Wall",
-            "-Wno-unknown-pragmas",
-            "-Wno-unused-function",
-            "-fsanitize=alignment",
-            "-fno-sanitize-recover=all",
-            f"-I{inc}",
-            f"-I{src}",
-            "-include",
-            str(inc / "prelude.h"),
-            str(inc / "hopper_driver.cpp"),
-            "-o",
-            str(tmp),
-        ]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"building the Hopper emulation failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}")
-        os.replace(tmp, lib_path)
-    lib = ctypes.CDLL(str(lib_path))
+    """Build (once per source version, cached in the temp dir; `build.build_library`) and load the Hopper
+    model probes (`hopper_driver.cpp`) with both sm90 kernels compiled in."""
+    files = {name: build.for_emulator((kcuda.KERNEL_DIR / name).read_text(encoding="utf-8")) for name in KERNEL_FILES}
+    files["hopper_driver.cpp"] = (HERE / "hopper_driver.cpp").read_text(encoding="utf-8")
+    standins = tuple(n for n in STANDINS if n != "hopper_driver.cpp")
+    lib = ctypes.CDLL(str(build.build_library(files, "hopper_driver.cpp", standins=standins, tag="hopper_probes")))
     lib.hop_desc_encode.restype = _u64
     lib.hop_desc_encode.argtypes = [_u, _u, _u, _i]
     lib.hop_desc_decode.argtypes = [_u64, _p]
@@ -104,6 +56,31 @@ def library() -> ctypes.CDLL:
     lib.hop_kmajor_addr.restype = _u
     lib.hop_kmajor_addr.argtypes = [_u64, _i, _i]
     return lib
+
+
+class _Encoder:
+    """The model's cuTensorMapEncodeTiled (tensor_map_driver.cpp), called like the driver's."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.fn = lib.emu_cuTensorMapEncodeTiled
+        self.fn.argtypes, self.fn.restype = tensor_maps.ENCODE_ARGTYPES, ctypes.c_int
+        self.error = lib.emu_tensor_map_error
+        self.error.restype = ctypes.c_char_p
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def last_error(self) -> str:
+        return self.error().decode(errors="replace")
+
+
+@functools.cache
+def encode_tiled_driver() -> _Encoder:
+    """The emulator's `cuTensorMapEncodeTiled`, with the driver's signature (`tensor_maps.ENCODE_ARGTYPES`)."""
+    files = {"tensor_map_driver.cpp": (HERE / "tensor_map_driver.cpp").read_text(encoding="utf-8")}
+    standins = ("prelude.h", "cuda_bf16.h", "hopper.cuh")
+    path = build.build_library(files, "tensor_map_driver.cpp", standins=standins, tag="tensor_map")
+    return _Encoder(ctypes.CDLL(str(path)))
 
 
 def _ptr(a: np.ndarray) -> ctypes.c_void_p:
@@ -121,97 +98,46 @@ def array_module():
     return np
 
 
-def _model_map(m: tensor_maps.TiledMap, address: int) -> np.ndarray:
-    """`m` for a tensor at `address`, encoded by the model of cuTensorMapEncodeTiled (a 64-byte aligned view)."""
-    buf = np.zeros(256, np.uint8)
-    view = buf[(-buf.ctypes.data) % 64 :][:128]
-    d = np.asarray(m.dims, np.uint64)
-    s = np.asarray(list(m.strides) or [0], np.uint64)
-    bx = np.asarray(m.box, np.uint32)
-    why = ctypes.create_string_buffer(200)
-    rc = library().hop_encode_tiled(
-        _ptr(view),
-        _u(2),
-        _u(len(d)),
-        ctypes.c_void_p(address),
-        _ptr(d),
-        _ptr(s),
-        _ptr(bx),
-        _i(m.swizzle),
-        _i(0),
-        why,
-        _i(200),
-    )
-    if rc:
-        raise ValueError(f"tensor map {m} rejected: {why.value.decode()}")
-    return view
+def _hopper_launchers():
+    from moonvit_kernels.cuda_backend import hopper_launchers
+
+    return hopper_launchers
 
 
 def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32", fault: int = 0, block_n: int = 128):
-    """launchers.gemm for bf16 operands on the sm90 kernel (emulated). K % 8 == 0 (TMA strides).
-
-    `block_n`: the kernel's BN (128 or 256). `fault=1` plants a bug (B's tensor map starts 8
-    elements late) for tests of a self-check."""
-    if a.dtype != np.uint16 or b.dtype != np.uint16:
-        raise ValueError("gemm_bf16_sm90 takes bf16 operands (uint16 bits)")
-    M, K = a.shape
-    N, K2 = b.shape
-    if K != K2:
-        raise ValueError(f"gemm: inner dimensions differ (A has K={K}, B has K={K2})")
-    if epilogue not in _EPI:
-        raise ValueError(f"unknown epilogue {epilogue!r}; known: {', '.join(_EPI)}")
-    map_a = _model_map(tensor_maps.gemm_operand_map(M, K), _ptr(a).value)
-    map_b = _model_map(tensor_maps.gemm_operand_map(N, K, block_n), _ptr(b).value + (16 if fault == 1 else 0))
-    if out is None:
-        out = np.full((M, N), np.nan, np.float32) if out_dtype == "float32" else np.full((M, N), 0x7FC0, np.uint16)
-    r = out if residual is None else residual
-    rc = library().hop_gemm_sm90(
-        _i(out.dtype == np.uint16),
-        _i(_EPI[epilogue]),
-        _i(block_n),
-        _ptr(map_a),
-        _ptr(map_b),
-        _ptr(out),
-        _ptr(r),
-        _i(M),
-        _i(N),
-        _i(K),
-    )
-    if rc:
-        raise RuntimeError(f"gemm_bf16_sm90 emulation failed (rc={rc})")
-    return out
+    """hopper_launchers.gemm on the emulated device (sm_90), NumPy in and out; bf16 operands as uint16
+    bits, K % 8 == 0 (TMA row pitches). `block_n`: the kernel's BN (128 or 256). `fault=1` plants a bug
+    for tests of a self-check: B is read 8 elements late (its tensor map starts 16 bytes past B)."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    with device.activated():
+        b_dev = device.asarray(b)
+        if fault == 1:
+            shifted = device.empty(b.size + 8, b.dtype)
+            shifted[: b.size] = b.reshape(-1)
+            b_dev = shifted[8:].reshape(b.shape)
+        up = lambda x: None if x is None else device.asarray(np.ascontiguousarray(x))
+        got = _hopper_launchers().gemm(
+            device.asarray(a), b_dev, epilogue=epilogue, residual=up(residual), out=up(out), out_dtype=out_dtype,
+            block_n=block_n,
+        )  # fmt: skip
+        host = got.get()
+    if out is not None:
+        out[...] = host
+        return out
+    return host
 
 
-ATTENTION_HEAD_DIMS = (24, 64, 72, 128)  # flash_attn_sm90 instantiations built into the emulator
+ATTENTION_HEAD_DIMS = tuple(range(8, kcuda.HOPPER_MAX_HEAD_DIM + 1, 8))  # flash_attn_sm90's head dims
 
 
 def attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
-    """launchers.attention for bf16 qkv on the sm90 kernel (emulated): (out [L, H·hd] bf16 bits, lse [L, H])."""
-    if head_dim not in ATTENTION_HEAD_DIMS:
-        raise ValueError(f"the Hopper emulation is built for head dims {ATTENTION_HEAD_DIMS}, not {head_dim}")
-    if qkv.dtype != np.uint16:
-        raise ValueError("flash_attn_sm90 takes bf16 qkv (uint16 bits)")
-    L = qkv.shape[0]
-    if qkv.shape[1] != 3 * num_heads * head_dim:
-        raise ValueError(f"qkv has {qkv.shape[1]} columns, expected 3 * {num_heads} * {head_dim}")
-    cu = np.ascontiguousarray(cu_seqlens if cu_seqlens_device is None else cu_seqlens_device, dtype=np.int32)
-    out = np.full((L, num_heads * head_dim), 0x7FC0, np.uint16)
-    lse = np.full((L, num_heads), np.nan, np.float32)
-    sw, raw = (_model_map(m, _ptr(qkv).value) for m in tensor_maps.attention_qkv_maps(L, num_heads, head_dim))
-    rc = library().hop_attention_sm90(
-        _i(head_dim),
-        _ptr(sw),
-        _ptr(raw),
-        _ptr(out),
-        _ptr(lse),
-        _ptr(cu),
-        _i(cu.size - 1),
-        _i(int(np.max(np.diff(cu)))),
-        _i(num_heads),
-    )
-    if rc:
-        raise RuntimeError(f"flash_attn_sm90 emulation failed (rc={rc})")
-    return out, lse
+    """hopper_launchers.attention on the emulated device: (out [L, H·hd] bf16 bits, lse [L, H])."""
+    with device.activated():
+        cu_dev = None if cu_seqlens_device is None else device.asarray(np.asarray(cu_seqlens_device, np.int32))
+        o, lse = _hopper_launchers().attention(
+            device.asarray(np.ascontiguousarray(qkv)), np.asarray(cu_seqlens), num_heads, head_dim, cu_dev
+        )
+        return o.get(), lse.get()
 
 
 # ============================================================================ probes of the models

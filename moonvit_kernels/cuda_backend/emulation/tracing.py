@@ -21,12 +21,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
 import re
-import shutil
 import subprocess
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,7 +31,7 @@ import numpy as np
 
 from moonvit_kernels.cuda_backend import sources as kcuda
 
-from . import _DYNAMIC_SMEM, _STANDINS, HERE, _sources_digest, compiler
+from . import HERE, build
 
 RECORD = np.dtype(
     [("pc", "<u8"), ("file", "<u8"), ("line", "<i4"), ("region", "<i4"), ("offset", "<i8"), ("size", "<i4"),
@@ -69,65 +65,29 @@ def patch_ptx(text: str) -> str:
     return out
 
 
+# the instrumented build: debug info for the sites, every warning off (the tracer reads, it does not judge)
+TRACE_FLAGS = ("-std=c++20", "-O1", "-g", "-fPIC", "-fno-gnu-unique", "-pthread", "-w")
+
+
 @functools.cache
 def traced_library() -> tuple[ctypes.CDLL, Path]:
-    """Build (cached in the temp dir) and load the instrumented emulator; (library, its path)."""
-    cxx = compiler()
-    if cxx is None:
-        raise RuntimeError("the CUDA C emulation needs a C++20 compiler (g++ >= 11); set CXX")
-    hooks = hashlib.sha256((HERE / "trace_hooks.cpp").read_bytes() + Path(__file__).read_bytes()).hexdigest()[:10]
-    build = Path(tempfile.gettempdir()) / f"moonvit_cuda_trace_{_sources_digest()}_{hooks}"
-    lib_path = build / "libmoonvit_emu_trace.so"
-    if not lib_path.exists():
-        src, inc = build / "src", build / "include"
-        src.mkdir(parents=True, exist_ok=True)
-        inc.mkdir(parents=True, exist_ok=True)
-        for name in (*kcuda.PORTABLE_SOURCES, "common.cuh"):
-            text = (kcuda.KERNEL_DIR / name).read_text(encoding="utf-8")
-            (src / name).write_text(text.replace(_DYNAMIC_SMEM, "unsigned char* smem_raw = emu::dynamic_smem();"))
-        for name in _STANDINS:
-            shutil.copy(HERE / name, inc / name)
-        (inc / "ptx.cuh").write_text(patch_ptx((HERE / "ptx.cuh").read_text(encoding="utf-8")), encoding="utf-8")
-        shutil.copy(HERE / "trace_hooks.cpp", inc / "trace_hooks.cpp")
-        common = [
-            cxx,
-            "-std=c++20",
-            "-O1",
-            "-g",
-            "-fPIC",
-            "-fno-gnu-unique",
-            "-pthread",
-            "-w",
-            f"-I{inc}",
-            f"-I{src}",
-            "-include",
-        ]
-        steps = [
-            [
-                *common,
-                str(inc / "prelude.h"),
-                "-fsanitize=thread",
-                "-c",
-                str(inc / "driver.cpp"),
-                "-o",
-                str(build / "k.o"),
-            ],
-            [*common, str(inc / "prelude.h"), "-c", str(inc / "trace_hooks.cpp"), "-o", str(build / "h.o")],
-            [
-                cxx,
-                "-shared",
-                "-pthread",
-                str(build / "k.o"),
-                str(build / "h.o"),
-                "-o",
-                str(build / f"l.{os.getpid()}.so"),
-            ],
-        ]
-        for cmd in steps:
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise RuntimeError(f"building the traced emulator failed:\n{' '.join(cmd)}\n{r.stderr[-3000:]}")
-        os.replace(build / f"l.{os.getpid()}.so", lib_path)
+    """Build (cached in the temp dir; `build.build_library`) and load the instrumented emulator; (library, its path)."""
+    files = {
+        name: build.for_emulator((kcuda.KERNEL_DIR / name).read_text(encoding="utf-8"))
+        for name in (*kcuda.PORTABLE_SOURCES, "common.cuh")
+    }
+    for name in ("driver.cpp", "trace_hooks.cpp"):
+        files[name] = (HERE / name).read_text(encoding="utf-8")
+    patched = {"ptx.cuh": patch_ptx((HERE / "ptx.cuh").read_text(encoding="utf-8"))}
+    lib_path = build.build_library(
+        files,
+        "driver.cpp",
+        standins=("prelude.h", "ptx.cuh", "cuda_bf16.h"),
+        replace_standins=patched,
+        tag="trace",
+        units=[("driver.cpp", ("-fsanitize=thread",)), ("trace_hooks.cpp", ())],
+        flags=TRACE_FLAGS,
+    )
     lib = ctypes.CDLL(str(lib_path))
     lib.emu_trace_region.restype = ctypes.c_int
     lib.emu_trace_region.argtypes = [ctypes.c_void_p, ctypes.c_longlong]

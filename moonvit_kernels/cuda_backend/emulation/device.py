@@ -1,0 +1,440 @@
+"""An emulated CUDA device with CuPy's interface: the real launchers run on the CPU through it.
+
+`launchers.py` and `hopper_launchers.py` take CuPy arrays, compile `RawModule`s and end in one launch
+call, `kernel(grid, block, args, shared_mem=...)`. Inside `with device.activated():` (or after
+`device.activate()`), the launchers' `array_module()` is this module instead of CuPy, so every
+check, every argument cast, the launch geometry and the tensor-map encoding of the launchers run
+unchanged, and only the last step differs: the kernel's source is compiled by g++ against the
+emulator's stand-ins (`emulation/build.py`) and its blocks run on the CPU.
+
+What the device enforces, as a GPU does (each refusal is a `LaunchError` naming the problem):
+- arguments marshalled as CuPy marshals them: a device array by its pointer (8 bytes), a NumPy scalar
+  by its dtype's bytes, a Python int as int64, a float as float64, a bool as bool, a structured
+  NumPy scalar by value with its dtype's alignment (`make_aligned_dtype` records it); each size must
+  equal the kernel parameter's and each alignment must be at least the parameter's;
+- an array argument must live on the current device (a pointer from another GPU faults there);
+- grid and block limits (block x, y <= 1024, z <= 64, x·y·z <= 1024; grid x < 2^31, y, z <= 65535);
+- the register file's launch rule (`launch_rules.register_problem`) at the kernel's registers (the
+  catalogue's bound, which the compile tier holds the real count to);
+- dynamic shared memory above 48 KB only after `max_dynamic_shared_size_bytes` was raised, and never
+  above the device's opt-in limit.
+Arrays (`ndarray`, a NumPy subclass) carry the device they were made on; `empty` fills new memory with
+NaN (float32), the bf16 NaN 0x7FC0 (uint16) or a large sentinel (integers), so an element a kernel
+forgets to write fails the comparison. What it cannot show: speed, registers, the device's exact
+transcendental functions, and races the barriers do not order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import math
+import time
+from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from ... import launch_rules
+from . import build
+
+EMULATED = True
+__version__ = "emulator"
+
+float16, float32, float64 = np.float16, np.float32, np.float64
+int8, int16, int32, int64 = np.int8, np.int16, np.int32, np.int64
+uint8, uint16, uint32, uint64 = np.uint8, np.uint16, np.uint32, np.uint64
+bool_ = np.bool_
+
+DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a kernel may use before raising its attribute
+
+
+class LaunchError(RuntimeError):
+    """A launch the emulated device refuses (as a GPU would fail it), with the reason."""
+
+
+# ============================================================================ the devices
+class _DeviceProps:
+    def __init__(self, compute_capability: str, optin_smem: int, name: str):
+        self.compute_capability = compute_capability
+        self.optin_smem = optin_smem
+        self.name = name
+
+
+_PROPS: list[_DeviceProps] = []
+_CURRENT = [0]
+
+
+def configure(compute_capability: str = "90", optin_smem: int = 227 * 1024, count: int = 2) -> None:
+    """Set the emulated machine: `count` identical devices of `compute_capability` ("90": H100/H200;
+    "80": A100) with `optin_smem` bytes of opt-in shared memory per block. Device 0 becomes current."""
+    if count < 1:
+        raise ValueError(f"an emulated machine needs at least one device, got {count}")
+    _PROPS[:] = [_DeviceProps(str(compute_capability), int(optin_smem), f"emulated sm_{compute_capability}")] * count
+    _CURRENT[0] = 0
+
+
+configure()
+
+
+class Device:
+    """`cupy.cuda.Device`: an emulated device by id; a context manager makes it current."""
+
+    def __init__(self, device: int | None = None):
+        self.id = _CURRENT[0] if device is None else int(device)
+        if not 0 <= self.id < len(_PROPS):
+            raise ValueError(f"no emulated device {self.id} (there are {len(_PROPS)})")
+        self._previous: list[int] = []
+
+    @property
+    def compute_capability(self) -> str:
+        return _PROPS[self.id].compute_capability
+
+    def use(self) -> None:
+        _CURRENT[0] = self.id
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self) -> Device:
+        self._previous.append(_CURRENT[0])
+        self.use()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _CURRENT[0] = self._previous.pop()
+
+    def __repr__(self) -> str:
+        return f"<emulated CUDA Device {self.id}>"
+
+
+def _get_device() -> int:
+    return _CURRENT[0]
+
+
+def _device_attribute(attr: int, device: int) -> int:
+    if attr == _runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin:
+        return _PROPS[device].optin_smem
+    raise ValueError(f"the emulated device does not model attribute {attr}")
+
+
+class _Event:
+    """`cupy.cuda.Event`: records host wall time (the emulator's, not a GPU's)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self.t = 0.0
+
+    def record(self, stream: Any = None) -> None:
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+
+_runtime = SimpleNamespace(
+    getDevice=_get_device,
+    setDevice=lambda d: Device(d).use(),
+    getDeviceCount=lambda: len(_PROPS),
+    deviceGetAttribute=_device_attribute,
+    getDeviceProperties=lambda d: {"name": _PROPS[d].name.encode(), "major": int(_PROPS[d].compute_capability) // 10},
+    cudaDevAttrMaxSharedMemoryPerBlockOptin=97,
+    runtimeGetVersion=lambda: 13000,
+    driverGetVersion=lambda: 13000,
+)
+cuda = SimpleNamespace(
+    Device=Device,
+    runtime=_runtime,
+    nvrtc=SimpleNamespace(getVersion=lambda: (13, 0)),
+    Event=_Event,
+    get_elapsed_time=lambda a, b: 1e3 * (b.t - a.t),
+    Stream=SimpleNamespace(null=None),
+)
+
+
+# ============================================================================ arrays
+class _Memory:
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+class ndarray(np.ndarray):
+    """A device array of the emulated device: NumPy memory that knows which device it lives on."""
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._device_id = getattr(obj, "_device_id", None)
+        if self._device_id is None:
+            self._device_id = _CURRENT[0]
+
+    @property
+    def data(self) -> _Memory:  # type: ignore[override]
+        return _Memory(int(self.ctypes.data))
+
+    @property
+    def device(self) -> Device:  # type: ignore[override]
+        return Device(self._device_id)
+
+    def get(self) -> np.ndarray:
+        """A host (NumPy) copy, as `cupy.ndarray.get()`."""
+        return np.array(self.view(np.ndarray), copy=True)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.data.ptr, False), "version": 3}
+
+
+def _on_device(a: np.ndarray) -> ndarray:
+    out = a.view(ndarray)
+    out._device_id = _CURRENT[0]
+    return out
+
+
+def asarray(a: Any, dtype: Any = None, order: str = "C") -> ndarray:
+    """Upload `a` (a copy unless it is already an array of the current device with that dtype)."""
+    if isinstance(a, ndarray) and a._device_id == _CURRENT[0] and (dtype is None or a.dtype == np.dtype(dtype)):
+        return a
+    host = a.view(np.ndarray) if isinstance(a, ndarray) else a
+    return _on_device(np.array(host, dtype=dtype, order=order, copy=True))
+
+
+array = asarray
+
+
+def ascontiguousarray(a: Any, dtype: Any = None) -> ndarray:
+    if isinstance(a, ndarray) and a.flags.c_contiguous and (dtype is None or a.dtype == np.dtype(dtype)):
+        return a
+    return asarray(a, dtype=dtype)
+
+
+def _poison(dtype: np.dtype) -> Any:
+    if dtype == np.uint16:
+        return 0x7FC0  # a bf16 NaN
+    if np.issubdtype(dtype, np.floating):
+        return np.nan
+    if np.issubdtype(dtype, np.integer):
+        return np.iinfo(dtype).max
+    return 0
+
+
+def empty(shape: Any, dtype: Any = np.float64, order: str = "C") -> ndarray:
+    """New device memory, filled with a poison value (NaN, bf16 NaN, the integer maximum)."""
+    dt = np.dtype(dtype)
+    return _on_device(np.full(shape, _poison(dt), dtype=dt, order=order))
+
+
+def empty_like(a: Any, dtype: Any = None) -> ndarray:
+    return empty(np.shape(a), dtype=a.dtype if dtype is None else dtype)
+
+
+def asnumpy(a: Any) -> np.ndarray:
+    return a.get() if isinstance(a, ndarray) else np.asarray(a)
+
+
+def get_array_module(*args: Any) -> Any:
+    import sys
+
+    return sys.modules[__name__]
+
+
+def make_aligned_dtype(dtype: Any, *, alignment: int = -1, recurse: bool = True) -> np.dtype:
+    """`cupy.make_aligned_dtype`: a structured dtype padded to `alignment`, which it also records
+    (in the dtype's metadata) for the launch marshalling."""
+    dt = np.dtype(dtype, align=True)
+    align = max(dt.alignment, alignment)
+    if alignment != -1 and alignment < dt.alignment:
+        raise ValueError(f"alignment {alignment} is below the dtype's own {dt.alignment}")
+    size = -(-dt.itemsize // align) * align
+    padded = np.dtype({"names": dt.names, "formats": [dt.fields[n][0] for n in dt.names],
+                       "offsets": [dt.fields[n][1] for n in dt.names], "itemsize": size})  # fmt: skip
+    return np.dtype(padded, metadata={"__cuda_alignment__": align})
+
+
+def _wrap(fn: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        return _on_device(out) if isinstance(out, np.ndarray) and not isinstance(out, ndarray) else out
+
+    call.__name__ = getattr(fn, "__name__", "call")
+    return call
+
+
+def __getattr__(name: str) -> Any:
+    """The rest of NumPy's namespace, with array results as device arrays (zeros, where, isnan, ...)."""
+    fn = getattr(np, name)
+    return _wrap(fn) if callable(fn) and not isinstance(fn, type) else fn
+
+
+# ============================================================================ modules and launches
+class Function:
+    """A kernel of an emulated `RawModule`: `kernel(grid, block, args, shared_mem=0)` as in CuPy."""
+
+    def __init__(self, module: RawModule, name: str):
+        self.module, self.name = module, name
+        self.max_dynamic_shared_size_bytes = DEFAULT_SMEM
+        # registers per thread: no GPU build here, so the catalogue's bound (the compile tier asserts the
+        # real count stays at or below it); -1 for kernels the catalogue does not know
+        self.num_regs = _catalogue_registers(name)
+        self.local_size_bytes = -1
+
+    def __call__(self, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], *, shared_mem: int = 0,
+                 stream: Any = None, enable_cooperative_groups: bool = False) -> None:  # fmt: skip
+        g, b = _dims(grid, "grid"), _dims(block, "block")
+        _check_geometry(self.name, g, b)
+        if self.num_regs > 0 and (why := launch_rules.register_problem(self.num_regs, math.prod(b))):
+            raise LaunchError(f"{self.name}: too many resources requested for launch: {why}")
+        props = _PROPS[_CURRENT[0]]
+        if shared_mem > self.max_dynamic_shared_size_bytes:
+            raise LaunchError(
+                f"{self.name}: {shared_mem} B of dynamic shared memory without raising "
+                f"max_dynamic_shared_size_bytes (now {self.max_dynamic_shared_size_bytes} B)"
+            )
+        if self.max_dynamic_shared_size_bytes > props.optin_smem:
+            raise LaunchError(
+                f"{self.name}: max_dynamic_shared_size_bytes {self.max_dynamic_shared_size_bytes} exceeds the device's "
+                f"opt-in limit {props.optin_smem} B"
+            )
+        packed = [_marshal(self.name, i, a) for i, a in enumerate(args)]
+        n = len(packed)
+        ptrs = (ctypes.c_void_p * max(n, 1))(*[ctypes.addressof(buf) for buf, _, _ in packed])
+        sizes = (ctypes.c_ulonglong * max(n, 1))(*[s for _, s, _ in packed])
+        aligns = (ctypes.c_ulonglong * max(n, 1))(*[al for _, _, al in packed])
+        err = ctypes.create_string_buffer(1024)
+        regs = self.module.regs_at_entry(self.name, b)
+        rc = self.module.library().emu_launch(
+            self.name.encode(), (ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), ctypes.c_ulonglong(shared_mem),
+            ctypes.c_int(regs), ctypes.c_int(n), ptrs, sizes, aligns, err, ctypes.c_int(len(err)),
+        )  # fmt: skip
+        if rc:
+            raise LaunchError(err.value.decode(errors="replace"))
+
+
+class RawModule:
+    """`cupy.RawModule(code=..., options=..., name_expressions=...)` on the emulated device.
+
+    The options are kept (not interpreted) except `-arch=sm_90a`, which builds the module against the
+    Hopper models. Without name expressions the module's `extern "C"` kernels are found by name."""
+
+    def __init__(self, code: str | None = None, *, path: str | None = None, options: Sequence[str] = (),
+                 name_expressions: Sequence[str] | None = None, backend: str = "nvrtc", jitify: bool = False,
+                 regs_at_entry: Any = None):  # fmt: skip
+        if code is None:
+            raise ValueError(
+                f"the emulated device compiles CUDA C source, not binaries: RawModule(code=...) (got path={path!r})"
+            )
+        self.code, self.options = code, tuple(options)
+        self.names = tuple(name_expressions) if name_expressions else build.extern_c_kernels(code)
+        self.hopper = any(o.replace("--gpu-architecture", "-arch").endswith("sm_90a") for o in self.options)
+        cc = _PROPS[_CURRENT[0]].compute_capability
+        if self.hopper and cc != "90":
+            raise LaunchError(f"sm_90a code runs on compute capability 9.0 only; this device is sm_{cc}")
+        self._regs = regs_at_entry
+        self._functions: dict[str, Function] = {}
+
+    def library(self) -> ctypes.CDLL:
+        return build.build_module(self.code, self.names, self.hopper)
+
+    def regs_at_entry(self, name: str, block: tuple[int, int, int]) -> int:
+        """Registers per thread at entry (the Hopper model's setmaxnreg pool): the module's table, else the
+        most `__launch_bounds__(threads, 1)` gives: 65536 / threads rounded down to 8, at most 255."""
+        if callable(self._regs):
+            got = self._regs(name)
+            if got:
+                return int(got)
+        threads = math.prod(block)
+        return min(255, (65536 // threads) // 8 * 8)
+
+    def get_function(self, name: str) -> Function:
+        if name not in self.names:
+            raise ValueError(f"{name!r} is not a kernel of this module (name expressions: {', '.join(self.names)})")
+        if name not in self._functions:
+            self.library()  # build on first use, as CuPy compiles on first use
+            self._functions[name] = Function(self, name)
+        return self._functions[name]
+
+
+@functools.cache
+def _register_bounds() -> dict[str, int]:
+    from .. import sources as kcuda
+
+    head_dims = tuple(range(8, kcuda.MAX_HEAD_DIM + 1, 8))
+    specs = kcuda.kernel_specs(head_dims) + kcuda.hopper_specs(tuple(h for h in head_dims if h <= 128))
+    return {s.name: s.max_registers for s in specs}
+
+
+def _catalogue_registers(name: str) -> int:
+    return _register_bounds().get(name, -1)
+
+
+def _dims(d: Any, what: str) -> tuple[int, int, int]:
+    t = (int(d),) if np.isscalar(d) else tuple(int(x) for x in d)
+    if not 1 <= len(t) <= 3:
+        raise LaunchError(f"{what} must have 1 to 3 dimensions, got {d!r}")
+    return (*t, *(1,) * (3 - len(t)))  # type: ignore[return-value]
+
+
+def _check_geometry(name: str, g: tuple[int, int, int], b: tuple[int, int, int]) -> None:
+    if min(g) < 1 or min(b) < 1:
+        raise LaunchError(f"{name}: empty launch, grid {g} block {b}")
+    if g[0] > 2**31 - 1 or g[1] > 65535 or g[2] > 65535:
+        raise LaunchError(f"{name}: grid {g} exceeds the limits (2^31 - 1, 65535, 65535)")
+    if b[0] > 1024 or b[1] > 1024 or b[2] > 64 or math.prod(b) > 1024:
+        raise LaunchError(f"{name}: block {b} exceeds the limits (1024, 1024, 64; 1024 threads)")
+
+
+def _marshal(kernel: str, i: int, a: Any) -> tuple[Any, int, int]:
+    """(a ctypes buffer holding the argument's bytes, its size, its alignment), as CuPy packs it."""
+    if isinstance(a, ndarray):
+        if a._device_id != _CURRENT[0]:
+            raise LaunchError(
+                f"{kernel}: argument {i} lives on device {a._device_id}, the kernel runs on device {_CURRENT[0]} "
+                "(an illegal address on a GPU)"
+            )
+        return ctypes.c_void_p(a.data.ptr), 8, 8
+    if isinstance(a, np.ndarray):
+        raise LaunchError(f"{kernel}: argument {i} is a host (NumPy) array; upload it first (asarray)")
+    if isinstance(a, bool):
+        a = np.bool_(a)
+    elif isinstance(a, int):
+        a = np.int64(a)
+    elif isinstance(a, float):
+        a = np.float64(a)
+    if isinstance(a, np.generic):
+        raw = a.tobytes()
+        meta = a.dtype.metadata or {}
+        align = int(meta.get("__cuda_alignment__", a.dtype.alignment))
+        buf = (ctypes.c_ubyte * (len(raw) + 64))()
+        view = (ctypes.c_ubyte * len(raw)).from_address(ctypes.addressof(buf) + (-ctypes.addressof(buf)) % 64)
+        ctypes.memmove(view, raw, len(raw))
+        view._keep = buf  # type: ignore[attr-defined]
+        return view, len(raw), align
+    raise LaunchError(f"{kernel}: argument {i} has unsupported type {type(a).__name__}")
+
+
+# ============================================================================ activation
+@contextlib.contextmanager
+def activated() -> Iterator[Any]:
+    """Within the block, the launchers (`launchers`, `hopper_launchers`) run on this emulated device."""
+    from .. import launchers
+
+    launchers.push_device_api(__import__(__name__, fromlist=["_"]))
+    try:
+        yield __import__(__name__, fromlist=["_"])
+    finally:
+        launchers.pop_device_api()
+
+
+def activate() -> None:
+    """Make this emulated device the launchers' device for the rest of the process (notebooks, gpu_check --simulate)."""
+    from .. import launchers
+
+    launchers.push_device_api(__import__(__name__, fromlist=["_"]))
+
+
+def tensor_map_encoder() -> Any:
+    """The emulator's model of `cuTensorMapEncodeTiled`, with the driver's C signature (hopper.cuh)."""
+    from . import hopper
+
+    return hopper.encode_tiled_driver()

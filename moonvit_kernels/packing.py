@@ -1,0 +1,103 @@
+"""Packing: how a batch of images and videos becomes one token sequence, and the index tables kernels read.
+
+A batch is `grid_thws [N, 3]`: item i is t_i frames of h_i x w_i patches. Its tokens are packed
+item after item, frame by frame, row by row, into one sequence of L = Σ t·h·w tokens
+(docs/model.md, "Packing"). Every table here is a host int32 array computed from `grid_thws` alone;
+the reference, both kernel backends, the exercises and gpu_check all take them from this module.
+
+    grid_table(g)            [N, 3]  validated (t, h, w)
+    cu_seqlens(g)            [N + 1] token offsets 0, t0·h0·w0, ..., L
+    token_positions(g)       [L, 4]  (item, frame, row, col) of each token
+    item_table(g[, (kh,kw)]) [N, 4|5] (t, h, w, token_offset[, merged_offset])
+    merge_sources(g, (kh,kw)) [M, 4] (base, t, frame_stride, w) of each merged token
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+INT32_MAX = np.iinfo(np.int32).max
+ITEM_T, ITEM_H, ITEM_W, ITEM_TOKEN_OFFSET, ITEM_MERGED_OFFSET = range(5)
+
+
+def grid_table(grid_thws: Any) -> np.ndarray:
+    """`grid_thws [N, 3]` rows `(t, h, w)` as a validated int32 host array (all >= 1, L < 2^31)."""
+    on_device = hasattr(grid_thws, "get") and not isinstance(grid_thws, np.ndarray)
+    g = np.asarray(grid_thws.get() if on_device else grid_thws)
+    if g.ndim == 1 and g.shape == (3,):
+        g = g[None]
+    if g.ndim != 2 or g.shape[1] != 3 or g.shape[0] == 0:
+        raise ValueError(f"grid_thws: shape {g.shape} is not [N, 3] with N >= 1")
+    if not np.issubdtype(g.dtype, np.integer):
+        raise ValueError(f"grid_thws: dtype {g.dtype} is not an integer type")
+    if np.any(g < 1):
+        raise ValueError(f"grid_thws: every t, h, w must be >= 1, got {g.tolist()}")
+    total = int(np.sum(np.prod(g.astype(np.int64), axis=1)))
+    if total > INT32_MAX:
+        raise ValueError(f"grid_thws: {total} tokens do not fit the kernels' int32 indices")
+    return g.astype(np.int32)
+
+
+def cu_seqlens(grid_thws: Any) -> np.ndarray:
+    """Token offsets `[0, t0·h0·w0, ..., L]` of the packed items, int32 `[N + 1]`."""
+    g = grid_table(grid_thws).astype(np.int64)
+    return np.concatenate([[0], np.cumsum(np.prod(g, axis=1))]).astype(np.int32)
+
+
+def token_positions(grid_thws: Any) -> np.ndarray:
+    """`[L, 4]` int32 rows `(item, frame, row, col)`: where each packed token's patch sits.
+
+    Tokens of item `(t, h, w)` run frame by frame, then row by row; every frame repeats the same
+    (row, col) grid (RoPE and the position grid are per frame)."""
+    parts = []
+    for item, (t, h, w) in enumerate(grid_table(grid_thws).astype(np.int64).tolist()):
+        idx = np.arange(t * h * w)
+        frame, within = np.divmod(idx, h * w)
+        row, col = np.divmod(within, w)
+        parts.append(np.stack([np.full_like(idx, item), frame, row, col], axis=1))
+    return np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.int32)
+
+
+def _merge_kernel(grid: np.ndarray, merge_kernel_size: Sequence[int]) -> tuple[int, int]:
+    kh, kw = (int(k) for k in merge_kernel_size)
+    if kh < 1 or kw < 1:
+        raise ValueError(f"merge_kernel_size must be positive, got {(kh, kw)}")
+    for i, (t, h, w) in enumerate(grid.tolist()):
+        if h % kh or w % kw:
+            raise ValueError(f"grid_thws[{i}] = {(t, h, w)}: h must be divisible by {kh} and w by {kw}")
+    return kh, kw
+
+
+def item_table(grid_thws: Any, merge_kernel_size: Sequence[int] | None = None) -> np.ndarray:
+    """Per-item int32 table for kernels that map a token (or merged token) to its media item.
+
+    Columns `(t, h, w, token_offset)` -> `[N, 4]`; with `merge_kernel_size (kh, kw)` a fifth column
+    `merged_offset` (the item's first merged token) -> `[N, 5]`, after checking h % kh == w % kw == 0."""
+    g = grid_table(grid_thws)
+    cols = [g, cu_seqlens(g)[:-1, None]]
+    if merge_kernel_size is not None:
+        kh, kw = _merge_kernel(g, merge_kernel_size)
+        merged = (g[:, 1].astype(np.int64) // kh) * (g[:, 2] // kw)
+        cols.append(np.concatenate([[0], np.cumsum(merged)[:-1]])[:, None])
+    return np.ascontiguousarray(np.concatenate(cols, axis=1).astype(np.int32))
+
+
+def merge_sources(grid_thws: Any, merge_kernel_size: Sequence[int]) -> np.ndarray:
+    """`[M, 4]` int32 rows `(base, t, frame_stride, w)`, one per merged token (merge.cu reads them).
+
+    Merged token `(i, j)` of item `(t, h, w)` starting at token `s`: `base = s + kh·i·w + kw·j` (slot
+    (0, 0) of frame 0), `frame_stride = h·w`; slot `(a, b)` of frame `f` is token
+    `base + f·h·w + a·w + b`. Merged tokens are numbered item by item, `m = i·(w/kw) + j`."""
+    g = grid_table(grid_thws)
+    kh, kw = _merge_kernel(g, merge_kernel_size)
+    parts = []
+    start = 0
+    for t, h, w in g.astype(np.int64).tolist():
+        i, j = np.divmod(np.arange((h // kh) * (w // kw)), w // kw)
+        base = start + kh * i * w + kw * j
+        parts.append(np.stack([base, np.full_like(base, t), np.full_like(base, h * w), np.full_like(base, w)], axis=1))
+        start += t * h * w
+    return np.ascontiguousarray(np.concatenate(parts, axis=0), dtype=np.int32)

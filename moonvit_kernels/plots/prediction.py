@@ -1,0 +1,133 @@
+"""Prediction beside measurement: the X-ray's roofline for a stage's kernels, and gpu_check's numbers when they exist.
+
+The prediction (model, no GPU) is `xray.roofline` at K3 shapes on one GPU's datasheet peaks: the time floor
+from compulsory DRAM traffic, and the bound of the kernel as written (its global loads as requested).
+The measurement is read from gpu_check reports of real GPUs committed under `benchmarks/results/<gpu>-<date>/
+results.csv`, matched to the kernels by `roofline.match_measured`; with none there, the table says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+# (backend, compiled label) of the kernels each stage notebook teaches, at K3's launch shapes.
+STAGE_KERNELS: dict[str, tuple[tuple[str, str], ...]] = {
+    "01": (
+        ("numba", "gemm_v1_none"),
+        ("numba", "gemm_v2_none"),
+        ("numba", "gemm_v3_none"),
+        ("cuda", "gemm_fp32_simt_none"),
+        ("cuda", "gemm_bf16_tc_f32_none"),
+    ),
+    "02": (("numba", "rmsnorm_kernel_t256"), ("cuda", "rmsnorm_rows_f32_f32"), ("cuda", "rmsnorm_rows_bf16_bf16")),
+    "03": (("numba", "rope2d_kernel"), ("cuda", "rope_2d_inplace_f32"), ("cuda", "rope_2d_inplace_bf16")),
+    "04": (
+        ("numba", "attention_v1_hd128_t128"),
+        ("numba", "attention_v2_hd128_q32_k16"),
+        ("cuda", "flash_attn_f32_hd128"),
+        ("cuda", "flash_attn_bf16_hd128"),
+    ),
+    "05": (
+        ("numba", "merge_gather_kernel"),
+        ("numba", "gemm_v3_gelu_erf"),
+        ("cuda", "tpool_merge_f32_f32"),
+        ("cuda", "gemm_bf16_tc_bf16_gelu_erf"),
+    ),
+    "06": (
+        ("numba", "add_pos_emb_bilinear"),
+        ("numba", "gemm_v3_gelu_tanh"),
+        ("numba", "gemm_v3_residual"),
+        ("cuda", "gemm_bf16_tc_bf16_gelu_tanh"),
+    ),
+    "08": (("cuda", "gemm_bf16_sm90_bn128_bf16_none"), ("cuda", "flash_attn_sm90_hd128")),
+}
+
+
+def measured_reports(results_dir: Path | None = None) -> list[Path]:
+    """The `results.csv` of every gpu_check report under `results_dir` (default: the checkout's
+    benchmarks/results/), newest folder name last; empty when there is none (or no checkout)."""
+    root = RESULTS_DIR if results_dir is None else Path(results_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("*/results.csv") if p.is_file())
+
+
+def _rate_text(row: dict[str, str]) -> str:
+    shape = f", {row['shape']}" if row.get("shape") else ""
+    ms = f"{float(row['median_ms']):.3g} ms, " if row.get("median_ms") else ""
+    return f"{ms}{float(row['rate']):.3g} {row['unit']}{shape}"
+
+
+def prediction_rows(
+    stage: str, gpu: str = "H200", results_dir: Path | None = None
+) -> tuple[list[str], list[list[str]], str]:
+    """(header, rows, note) of the stage's prediction-and-measurement table, for `markdown_table`.
+
+    Rows: kernel, family and version, FLOPs and compulsory DRAM bytes at K3 shape, the limit, the time
+    floor (compulsory traffic), the bound as written (requested traffic), then what gpu_check measured
+    for it on a real GPU (or "—"). `note` says where the measured column comes from, or that nothing
+    was measured yet."""
+    from moonvit_kernels.xray import catalogue, roofline
+    from moonvit_kernels.xray.arch import GPUS
+
+    if stage not in STAGE_KERNELS:
+        raise ValueError(f"no kernels listed for stage {stage!r}; known: {', '.join(STAGE_KERNELS)}")
+    if gpu not in GPUS:
+        raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
+    peaks = GPUS[gpu]
+    infos = [catalogue.describe(backend, label) for backend, label in STAGE_KERNELS[stage]]
+    reports = measured_reports(results_dir)
+    measured: dict[str, list[str]] = {}
+    for path in reports:
+        for row in roofline.read_measured(path):
+            info = roofline.match_measured(row, infos)
+            if info is not None:
+                measured.setdefault(info.label, []).append(f"{_rate_text(row)} ({path.parent.name})")
+    rows = []
+    for info in infos:
+        bound = roofline.bound(info, peaks)
+        if bound is None or info.flops is None:
+            continue
+        peak = roofline.peak_flops(peaks, info.peak)
+        as_written = max(info.flops / peak, (info.request_bytes or info.dram_bytes) / peaks.dram_bytes_per_s)
+        rows.append(
+            [
+                f"`{info.label}` ({'numba' if info.backend == 'numba' else 'CUDA C'})",
+                f"{info.family} {info.version}",
+                f"{info.flops / 1e9:,.2f} G",
+                f"{info.dram_bytes / 2**20:,.1f} MiB",
+                bound.limit,
+                f"{bound.seconds * 1e6:,.1f}",
+                f"{as_written * 1e6:,.1f}",
+                "; ".join(measured.get(info.label, [])) or "—",
+            ]
+        )
+    header = [
+        "kernel",
+        "version",
+        "FLOPs (K3 shape)",
+        "DRAM bytes (compulsory)",
+        "limit",
+        f"floor µs on {peaks.name} (model, no GPU)",
+        "bound as written µs (model, no GPU)",
+        "measured (gpu_check, real GPU)",
+    ]
+    if not reports:
+        note = (
+            "Measured: nothing yet — no gpu_check report from a real GPU is committed under benchmarks/results/, so "
+            "the last column is empty. Run `python -m moonvit_kernels.gpu_check --out benchmarks/results/<gpu>-<date>` "
+            "on a GPU and re-execute this notebook to see measured beside predicted."
+        )
+    else:
+        note = (
+            f"Measured: gpu_check reports {', '.join(p.parent.name for p in reports)} (their own shapes, in the cell)."
+        )
+    return header, rows, note
+
+
+def stage_labels(stage: str) -> Sequence[tuple[str, str]]:
+    """The (backend, label) pairs of the kernels listed for `stage`."""
+    return STAGE_KERNELS[stage]
