@@ -69,9 +69,39 @@ def test_numba_backend_rejects_bad_input(run):
         MoonViT(CFG, w, backend="tpu")
 
 
+def test_forward_under_another_current_device_names_both_devices(monkeypatch):
+    """The weights live on the device current at construction (0 here); with another device current,
+    forward stops before any kernel with one error naming both (the simulator has one device, so the
+    current device id is faked)."""
+    from moonvit_kernels.numba_backend import _cuda
+
+    model = MoonViT(CFG, random_weights(CFG, 0), backend="numba")
+    assert model.backend.device_id == 0
+    monkeypatch.setattr(_cuda, "current_device_id", lambda: 1)
+    pv = random_pixels(GRID, CFG.patch_size, seed=3)
+    with pytest.raises(RuntimeError, match=r"uploaded to CUDA device 0.*current device is device 1.*cuda\.gpus\[0\]"):
+        model.forward(pv, GRID)
+
+
+def test_backend_names_its_compiler_and_refuses_another():
+    from moonvit_kernels.device import simulator_enabled
+    from moonvit_kernels.numba_backend import _cuda, compilers
+
+    w = random_weights(CFG, 0)
+    info = MoonViT(CFG, w, backend="numba", compiler=_cuda.COMPILER).backend.describe()  # the compiler in use
+    assert info["compiler"] == _cuda.compiler_label() and info["compiler"].startswith(f"{_cuda.COMPILER} 0.")
+    assert info["compiler"].endswith("(CUDA simulator)") == simulator_enabled()
+    assert info["device"].startswith("device 0")
+    (other,) = set(compilers.COMPILERS) - {_cuda.COMPILER}
+    with pytest.raises(ValueError, match=f"built with {_cuda.COMPILER} 0.*MOONVIT_NUMBA_COMPILER={other}"):
+        MoonViT(CFG, w, backend="numba", compiler=other)
+    with pytest.raises(ValueError, match="unknown numba compiler 'llvm'"):
+        MoonViT(CFG, w, backend="numba", compiler="llvm")
+
+
 def _count_device_traffic(monkeypatch, n_layers: int) -> dict[str, int]:
     """Device allocations and host->device uploads made by one forward with `n_layers` encoder layers."""
-    from numba import cuda
+    from moonvit_kernels.numba_backend._cuda import cuda
 
     cfg = dataclasses.replace(CFG, vt_num_hidden_layers=n_layers)
     grid = np.array([[1, 2, 2]])  # 4 tokens, one merged token: the smallest forward
@@ -106,7 +136,7 @@ def test_device_allocations_and_uploads_do_not_grow_with_layers(monkeypatch):
 
 def test_device_pixels_with_nan_are_rejected_on_the_device(run):
     """Device pixel_values are checked where they are: a NaN names its patch, before any kernel runs."""
-    from numba import cuda
+    from moonvit_kernels.numba_backend._cuda import cuda
 
     model, pv, *_ = run
     bad = pv.copy()
@@ -119,8 +149,7 @@ def test_device_pixels_with_nan_are_rejected_on_the_device(run):
 @pytest.mark.parametrize("shape", [(1, 1), (5, 37)])
 def test_first_nonfinite_row_kernel(shape):
     """The device check finds the first bad row (NaN, +Inf or -Inf) at sizes that are not block multiples."""
-    from numba import cuda
-
+    from moonvit_kernels.numba_backend._cuda import cuda
     from moonvit_kernels.numba_backend.input_check import first_nonfinite_row
 
     rng = np.random.default_rng(sum(shape))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import rng
-from numba import cuda, float32
 
 from moonvit_kernels.numba_backend import launch
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 from moonvit_kernels.numba_backend.device_functions import REDUCE_MAX, REDUCE_SUM, block_reduce, find_item
 
 THREADS = 32

@@ -31,6 +31,7 @@ EXPECTED = [
     "06_full_encoder",
     "07_performance_without_a_gpu",
     "08_hopper",
+    "09_two_compilers",
 ]
 IDS = [p.stem for p in NOTEBOOKS]
 

@@ -116,14 +116,15 @@ def test_numba_forward_real_dimensions():
 
 
 def test_register_table_holds_for_this_gpus_compiler():
-    """The launch checks trust `registers.KERNEL_REGISTERS` (from nvJitLink in the compile tier); the
-    driver compiles the same PTX itself here, and its counts must not exceed the table either."""
+    """The launch checks trust the compiler's table in `registers.KERNEL_REGISTERS` (from nvJitLink in the
+    compile tier); the driver compiles the same PTX itself here, and its counts must not exceed the table either."""
     import importlib
 
-    from numba import cuda
-
+    from moonvit_kernels.numba_backend._cuda import COMPILER, cuda
     from moonvit_kernels.numba_backend.compile_check import kernel_modules
-    from moonvit_kernels.numba_backend.registers import KERNEL_REGISTERS
+    from moonvit_kernels.numba_backend.registers import registers_for
+
+    KERNEL_REGISTERS = registers_for(COMPILER)
 
     over = {}
     for module in kernel_modules():

@@ -19,7 +19,7 @@ def _filled(case: Case) -> np.ndarray:
 
 def launch_numba(kernel: Any, case: Case) -> tuple[np.ndarray, np.ndarray]:
     """Run a @cuda.jit kernel once on fresh device copies; returns (output, the guard rows after it)."""
-    from numba import cuda
+    from moonvit_kernels.numba_backend._cuda import cuda
 
     full_d = cuda.to_device(_filled(case))
     out_d = full_d[: case.out_shape[0]]

@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32
 
 from .. import launch_rules
+from ._cuda import cuda, float32
 from .device_functions import REDUCE_MAX, REDUCE_SUM, block_reduce, find_item
 from .launch import ceil_div, check_array, check_launch, check_positive, copy_back, device_array, to_device
 

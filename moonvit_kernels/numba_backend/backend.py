@@ -6,7 +6,8 @@ intermediates are copied to the host only when asked for. Per call, the small in
 (grid, items, cu_seqlens, attention tiles) are built, checked and uploaded once, and the encoder
 layers' activations live in one workspace allocated once (`Workspace`): the number of device
 allocations and uploads does not grow with the number of layers. Runs on a GPU, or on the CPU
-under numba's CUDA simulator (slow: tiny configs only).
+under numba's CUDA simulator (slow: tiny configs only). The weights live on the device that was
+current at construction; `forward` refuses to run while another device is current.
 
 Per call (docs/model.md stage numbers):
   1  x = pixels [L, 3·p·p] · W_patchᵀ                          gemm
@@ -26,17 +27,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import cuda
 
 from ..config import VisionConfig
 from ..reference import layer_weight_names, validate_grid_thws, validate_inputs
 from ..weights import check_weights
+from . import _cuda
 from . import attention as attention_k
 from . import gemm as gemm_k
 from . import merge as merge_k
 from . import pos_emb as pos_emb_k
 from . import rmsnorm as rmsnorm_k
 from . import rope as rope_k
+from ._cuda import cuda
+from .compilers import ENV_VAR, compiler_name
 from .input_check import first_nonfinite_row
 from .launch import cu_seqlens_table, device_array, grid_table, is_device_array, item_table
 
@@ -78,15 +81,26 @@ class NumbaBackend:
         dtype: str = "float32",
         gemm_version: int = 3,
         attention_version: int = 2,
+        compiler: str | None = None,
     ):
+        """`compiler` (`numba-cuda`, `numba-cuda-mlir`/`mlir`, or None: whichever this process uses) must name
+        `_cuda.COMPILER`, which is chosen when the kernels are first imported (`$MOONVIT_NUMBA_COMPILER`)."""
         if dtype != "float32":
             raise ValueError(f"the numba backend computes in float32, not {dtype!r}")
         if gemm_version not in gemm_k.VERSIONS:
             raise ValueError(f"gemm_version must be one of {gemm_k.VERSIONS}, got {gemm_version!r}")
         if attention_version not in attention_k.VERSIONS:
             raise ValueError(f"attention_version must be one of {attention_k.VERSIONS}, got {attention_version!r}")
+        asked = compiler_name(compiler)
+        if asked is not None and asked != _cuda.COMPILER:
+            raise ValueError(
+                f"compiler={compiler!r}, but this process's numba kernels were built with {_cuda.compiler_label()}: "
+                f"the compiler is chosen once, before the kernels are imported; set {ENV_VAR}={asked} "
+                "in the environment of a new process"
+            )
         check_weights(weights, config)
         self.config = config
+        self.device_id = _cuda.current_device_id()
         self.gemm_version = gemm_version
         self.attention_version = attention_version
         D = config.vt_hidden_size
@@ -106,7 +120,26 @@ class NumbaBackend:
         self.proj2 = up("mm_projector.proj.2.weight")
         self.post_norm = up("mm_projector.post_norm.weight")
 
+    def describe(self) -> dict[str, str]:
+        """What runs the kernels, in words: {"compiler", "device", "gemm", "attention"}."""
+        return {
+            "compiler": _cuda.compiler_label(),
+            "device": _cuda.device_label(self.device_id),
+            "gemm": f"v{self.gemm_version}",
+            "attention": f"v{self.attention_version}",
+        }
+
     # ------------------------------------------------------------------ helpers
+    def _check_device(self) -> None:
+        """Raise unless the device current now is the one holding the weights."""
+        current = _cuda.current_device_id()
+        if current != self.device_id:
+            raise RuntimeError(
+                f"NumbaBackend: the weights were uploaded to CUDA {_cuda.device_label(self.device_id)}, but the "
+                f"current device is {_cuda.device_label(current)}; call forward under "
+                f"`with cuda.gpus[{self.device_id}]:` or build one backend per device"
+            )
+
     def _gemm(self, a: Any, b: Any, epilogue: str = "none", residual: Any = None, out: Any = None) -> Any:
         return gemm_k.gemm(a, b, epilogue=epilogue, residual=residual, out=out, version=self.gemm_version)
 
@@ -142,6 +175,7 @@ class NumbaBackend:
         """Per-item outputs `[n_merged_i, text_hidden]` (device arrays, or NumPy with `as_numpy`);
         with `return_intermediates`, also the stage dict of `reference.vision_forward` (NumPy).
         `on_layer(i)` is called after encoder block i."""
+        self._check_device()
         c = self.config
         grid = validate_grid_thws(grid_thws, c)
         x_in = self._pixels_on_device(pixel_values, grid)

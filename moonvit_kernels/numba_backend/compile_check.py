@@ -1,19 +1,26 @@
-"""Compile tier: build every numba.cuda kernel for a real GPU (sm_90, H100/H200) without one.
+"""Compile tier: build every numba.cuda kernel for a real GPU (sm_90, H100/H200) without one, with each compiler.
 
 Run `python -m moonvit_kernels.numba_backend.compile_check` for a table of
 kernel | registers | spill bytes | stack | shared memory, or add `--json` for machine-readable output.
-`--arch sm_80|sm_89|sm_90` picks the target (default sm_90); `--cubin-dir DIR` also writes each
-kernel's binary as `DIR/<kernel>.<arch>.cubin` (e.g. `gemm_v3_gelu_tanh.sm_90.cubin`, one per
-specialisation) for `nvdisasm -c`. From Python: `build_cubins(cc)` -> `[(label, cubin, report)]`.
-The exit status is 1 when any kernel fails a check.
+`--arch sm_80|sm_89|sm_90` picks the target (default sm_90); `--compiler` picks numba-cuda,
+numba-cuda-mlir, or `each` installed one (the default: one process per compiler, in parallel);
+`--sass` also disassembles every kernel (nvdisasm) and holds its innermost loops to the SASS budgets
+below; `--cubin-dir DIR` also writes each kernel's binary as `DIR/<kernel>.<arch>.cubin` (numba-cuda,
+e.g. `gemm_v3_gelu_tanh.sm_90.cubin`, one per specialisation) or `DIR/<kernel>.<arch>.mlir.cubin`
+(numba-cuda-mlir) for `nvdisasm -c`. From Python: `build_cubins(cc)` -> `[(label, cubin, report)]` with
+the compiler of this process (`_cuda.COMPILER`). The exit status is 1 when any kernel fails a check.
 
-What is checked, per kernel:
-  1. numba compiles it to PTX for compute capability 9.0 (`numba.cuda.compile_ptx`). This catches
-     typing errors the CUDA simulator lets through (it runs kernels as plain Python).
+What is checked, per kernel and compiler:
+  1. The compiler builds it to PTX for the target (`cuda.compile_ptx(..., cc=...)`, with the driver
+     lookups both compilers make replaced by the target: `driverless_target`). This catches typing
+     errors the CUDA simulator lets through (it runs kernels as plain Python).
   2. nvJitLink (the `nvidia-nvjitlink` wheel, a numba-cuda[cu13] dependency, called through
-     `cuda.bindings.nvjitlink`) assembles the PTX to sm_90 SASS with `-verbose`; its info log
+     `cuda.bindings.nvjitlink`) assembles the PTX to SASS with `-verbose`; its info log
      (ptxas's `-v` report) gives registers per thread, spill stores/loads, stack frame and shared memory.
-  3. No spills, and registers per thread <= the kernel's limit.
+  3. No spills, and registers per thread <= the kernel's limit. `register_table_problems` compares the
+     registers with the compiler's table in `registers.py` (what the launch checks use).
+  4. With `--sass`: no loop keeps a variable in local memory (LDL and STL), and the hot loops keep their budgets
+     (`MAX_INSTRUCTIONS_PER_FFMA`, `MAX_PASS_INSTRUCTIONS`), the same for both compilers.
 The pip-installed toolkit is used on purpose: a system `ptxas` may be older and reject newer PTX.
 
 Which kernels: every module of this package that defines
@@ -38,6 +45,7 @@ import json
 import os
 import pkgutil
 import re
+import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -50,6 +58,20 @@ ARCHES = {"sm_80": (8, 0), "sm_89": (8, 9), "sm_90": (9, 0)}
 DEFAULT_MAX_REGISTERS = 128
 PACKAGE = "moonvit_kernels.numba_backend"
 SKIP_MODULES = {"compile_check"}
+
+# SASS budgets of innermost loops (`--sass`; measured on sm_90, compile-only, model, no GPU), per compiler
+# (today the same for both):
+# - every innermost loop with FFMAs in a kernel named HOT_LOOP_KERNELS*: at most this many instructions per
+#   FFMA (numba `for ... in range` loops cost ~24 at attention v2's hd 128; `while` loops 1.6-3.4);
+MAX_INSTRUCTIONS_PER_FFMA = {"numba-cuda": 4.0, "numba-cuda-mlir": 4.0}
+HOT_LOOP_KERNELS = ("gemm_v3_", "attention_v2_")
+# - the innermost loop holding a barrier in these kernels (rope's per-head pass: 29 instructions under
+#   numba-cuda, 32 under numba-cuda-mlir; ~67 with signed 64-bit `range()` indices): at most this many;
+MAX_PASS_INSTRUCTIONS = {"numba-cuda": {"rope2d_kernel": 32}, "numba-cuda-mlir": {"rope2d_kernel": 32}}
+# - no innermost loop of any kernel both stores and loads local memory: that keeps a variable in a stack
+#   frame across iterations (find_item's binary search under numba-cuda-mlir when lo/hi were updated in an
+#   if/else). A loop that only fills a local array is allowed (libdevice's cos/sin slow path for huge
+#   angles stores its 6-word table in a loop; the hot path never runs it).
 
 
 @dataclass
@@ -66,6 +88,10 @@ class KernelReport:
     stack_bytes: int | None = None
     shared_bytes: int | None = None
     error: str | None = None
+    compiler: str = ""  # `_cuda.COMPILER` that built it
+    ptx_version: str | None = None  # the PTX ISA of its PTX, e.g. "9.0" (a CUDA 13.0 driver accepts up to 9.0)
+    # with `--sass`: the kernel's innermost loops, {"size", "fma", "ldl", "stl", "bar"} instruction counts each
+    loops: list[dict[str, int]] | None = None
 
     @property
     def spill_bytes(self) -> int | None:
@@ -85,6 +111,29 @@ class KernelReport:
             out.append(f"spills ({self.spill_stores} bytes stored, {self.spill_loads} bytes loaded)")
         if self.registers > self.max_registers:
             out.append(f"uses {self.registers} registers, limit {self.max_registers}")
+        return out + self.sass_problems()
+
+    def sass_problems(self) -> list[str]:
+        """The innermost loops that break a SASS budget of this kernel's compiler (empty without `loops`)."""
+        if self.loops is None:
+            return []
+        out = []
+        for loop in self.loops:
+            if loop["ldl"] and loop["stl"]:
+                out.append(
+                    f"a variable in local memory across loop iterations: {loop['ldl']} LDL and {loop['stl']} STL "
+                    f"in a loop of {loop['size']} instructions"
+                )
+        per_fma = MAX_INSTRUCTIONS_PER_FFMA.get(self.compiler)
+        if per_fma is not None and self.kernel.startswith(HOT_LOOP_KERNELS):
+            for loop in self.loops:
+                if loop["fma"] and loop["size"] / loop["fma"] > per_fma:
+                    out.append(f"hot loop of {loop['size']} instructions for {loop['fma']} FFMA (limit {per_fma}/FFMA)")
+        limit = MAX_PASS_INSTRUCTIONS.get(self.compiler, {}).get(self.kernel.split("#")[0])
+        if limit is not None:
+            for loop in self.loops:
+                if loop["bar"] and loop["size"] > limit:
+                    out.append(f"loop with a barrier of {loop['size']} instructions (limit {limit})")
         return out
 
     @property
@@ -134,13 +183,30 @@ def parse_ptxas_log(log: str) -> dict[str, int]:
 
 # ============================================================================ compiling
 @contextlib.contextmanager
-def _device_functions_target(cc: tuple[int, int]) -> Iterator[None]:
-    """Compile `@cuda.jit(device=True)` callees for `cc` without a driver.
+def driverless_target(cc: tuple[int, int]) -> Iterator[None]:
+    """Let the compiler in use (`_cuda.COMPILER`) build for `sm_{cc}` with no CUDA driver present.
 
-    numba-cuda 0.30 compiles a device function called from a kernel for "the current device"
-    (`get_current_device().compute_capability`), which needs a CUDA driver even inside
-    `compile_ptx(..., cc=...)`. Here that lookup answers the target architecture instead.
+    numba-cuda 0.30 compiles a `@cuda.jit(device=True)` callee for "the current device"
+    (`dispatcher.get_current_device().compute_capability`) even inside `compile_ptx(..., cc=...)`.
+    numba-cuda-mlir 0.6 asks the driver for the current device's compute capability in every compile
+    (`tools.resolve_gpu_target`, to pick the linker's architecture), even with `cc=` given; it caches
+    the answer in `tools._cached_cc`, which is set to `cc` here. Both lookups need a driver and have no
+    public switch (worth an upstream issue); here they answer the target architecture instead.
     """
+    from ._cuda import COMPILER
+    from .compilers import NUMBA_CUDA_MLIR
+
+    if COMPILER == NUMBA_CUDA_MLIR:
+        from numba_cuda_mlir import tools
+
+        original = tools._cached_cc
+        tools._cached_cc = cc
+        try:
+            yield
+        finally:
+            tools._cached_cc = original
+        return
+
     from numba.cuda import dispatcher
 
     original = dispatcher.get_current_device
@@ -200,12 +266,15 @@ def build_kernel(
     cc: tuple[int, int] = TARGET_CC,
 ) -> tuple[KernelReport, bytes | None]:
     """`check_kernel`, also returning the kernel's cubin for `sm_{cc}` (None when it did not compile)."""
-    from numba import cuda
+    from ._cuda import COMPILER, cuda
 
-    report = KernelReport(module=module, kernel=fn.__name__, signature=signature, max_registers=int(max_registers))
+    report = KernelReport(
+        module=module, kernel=fn.__name__, signature=signature, max_registers=int(max_registers), compiler=COMPILER
+    )
     try:
-        with _device_functions_target(cc):
+        with driverless_target(cc):
             ptx, _ = cuda.compile_ptx(fn, signature, cc=cc)
+        report.ptx_version = ptx_isa(ptx)
         cubin, log = link(ptx, arch_name(cc))
     except Exception as e:  # a compile error is a result of this tier, not a crash of it
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -214,6 +283,12 @@ def build_kernel(
     for key, value in parse_ptxas_log(log).items():
         setattr(report, key, value)
     return report, cubin
+
+
+def ptx_isa(ptx: str) -> str | None:
+    """The PTX ISA version a PTX text declares (`.version 9.0` -> `"9.0"`), None without one."""
+    found = re.search(r"^\s*\.version\s+(\d+\.\d+)", ptx, re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def arch_name(cc: tuple[int, int]) -> str:
@@ -248,15 +323,24 @@ def build_cubins(
     safe as a file name. Kernels that fail to compile are left out (their reports say why: `check_all`).
     Needs a process where numba runs with the CUDA simulator off (raises RuntimeError otherwise).
     """
-    from numba import config
+    from ._cuda import COMPILER
+    from .compilers import NUMBA_CUDA
 
-    if config.ENABLE_CUDASIM:
+    if COMPILER == NUMBA_CUDA and importlib.import_module("numba").config.ENABLE_CUDASIM:
         raise RuntimeError("build_cubins needs numba with the CUDA simulator off: run it in a fresh process")
     out = []
     for report, cubin in _build_all(modules, cc):
         if cubin is not None:
             out.append((_file_label(report.kernel), cubin, report))
     return out
+
+
+def cubin_name(report: KernelReport, cc: tuple[int, int]) -> str:
+    """`<kernel>.sm_XY.cubin` (numba-cuda) or `<kernel>.sm_XY.mlir.cubin` (numba-cuda-mlir)."""
+    from .compilers import NUMBA_CUDA_MLIR
+
+    suffix = ".mlir" if report.compiler == NUMBA_CUDA_MLIR else ""
+    return f"{_file_label(report.kernel)}.{arch_name(cc)}{suffix}.cubin"
 
 
 def _file_label(kernel: str) -> str:
@@ -273,11 +357,38 @@ def _write_cubins(directory: str, built: list[tuple[KernelReport, bytes | None]]
     paths = []
     for report, cubin in built:
         if cubin is not None:
-            path = os.path.join(directory, f"{_file_label(report.kernel)}.{arch_name(cc)}.cubin")
+            path = os.path.join(directory, cubin_name(report, cc))
             with open(path, "wb") as f:
                 f.write(cubin)
             paths.append(path)
     return paths
+
+
+def innermost_loops(cubin: bytes) -> list[dict[str, int]]:
+    """Instruction counts of the innermost loops of a cubin's kernels (nvdisasm): size, FFMAs, LDL, STL, barriers."""
+    from ..xray.sass import disassemble
+
+    def count(loop: Any, opcode: str) -> int:
+        return sum(i.opcode == opcode for i in loop.own)
+
+    return [
+        {
+            "size": loop.size,
+            "fma": loop.fmas,
+            "ldl": count(loop, "LDL"),
+            "stl": count(loop, "STL"),
+            "bar": loop.mix["bar"],
+        }
+        for fn in disassemble(cubin)
+        if not fn.name.startswith("__")
+        for loop in fn.innermost
+    ]
+
+
+def _add_loops(built: list[tuple[KernelReport, bytes | None]]) -> None:
+    for report, cubin in built:
+        if cubin is not None:
+            report.loops = innermost_loops(cubin)
 
 
 def _build_all(modules: Sequence[str] | None, cc: tuple[int, int]) -> list[tuple[KernelReport, bytes | None]]:
@@ -335,36 +446,117 @@ def format_table(reports: Sequence[KernelReport], cc: tuple[int, int] = TARGET_C
         if i == 0:
             lines.append("-+-".join("-" * w for w in widths) + "-+-" + "-" * len(header[-1]))
     failed = sum(not r.ok for r in reports)
+    by = " and ".join(sorted({r.compiler for r in reports if r.compiler})) or "numba"
     lines.append(
-        f"\n{len(reports)} kernels compiled for sm_{cc[0]}{cc[1]} (registers per thread, bytes per block; "
+        f"\n{len(reports)} kernels compiled for sm_{cc[0]}{cc[1]} by {by} (registers per thread, bytes per block; "
         f"shared includes the 1 KiB reserve of sm_80 and later): {failed} failed"
     )
     return "\n".join(lines)
 
 
+def register_table_problems(reports: Sequence[KernelReport]) -> list[str]:
+    """Kernels missing from their compiler's table in `registers.py`, or above it (the launch checks read it)."""
+    from .registers import registers_for
+
+    out = []
+    for r in reports:
+        if r.registers is None:
+            continue
+        table = registers_for(r.compiler)
+        stored = table.get(r.kernel)
+        if stored is None:
+            out.append(f"{r.compiler}: {r.kernel} is missing from registers.KERNEL_REGISTERS[{r.compiler!r}]")
+        elif r.registers > stored:
+            out.append(
+                f"{r.compiler}: {r.kernel} uses {r.registers} registers, the table holds {stored}: regenerate it"
+            )
+    return out
+
+
+# ============================================================================ one process per compiler
+def _build_here(
+    compiler: str, modules: Sequence[str] | None, cc: tuple[int, int], sass: bool
+) -> list[tuple[KernelReport, bytes | None]]:
+    """Build with `compiler` in this process (it must be the one `_cuda` chose, or `_cuda` not imported yet)."""
+    from .compilers import ENV_VAR
+
+    os.environ[ENV_VAR] = compiler
+    from ._cuda import COMPILER
+
+    if COMPILER != compiler:
+        raise RuntimeError(f"this process already builds with {COMPILER}; run {compiler} in a fresh process")
+    built = _build_all(modules, cc)
+    if sass:
+        _add_loops(built)
+    return built
+
+
+def _build_elsewhere(compilers: Sequence[str], argv: Sequence[str]) -> list[KernelReport]:
+    """Run this command once per compiler, in parallel subprocesses (`--compiler C --json` added to `argv`)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    children = {
+        c: subprocess.Popen(
+            [sys.executable, "-m", f"{PACKAGE}.compile_check", *argv, "--compiler", c, "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for c in compilers
+    }
+    reports = []
+    for compiler, child in children.items():
+        out, err = child.communicate()
+        try:
+            reports += [KernelReport.from_dict(d) for d in json.loads(out)]
+        except json.JSONDecodeError:
+            tail = (err or out).strip().splitlines()[-1:] or ["no output"]
+            reports.append(KernelReport("-", "<compile_check>", "", 0, error=tail[0][:500], compiler=compiler))
+    return reports
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: compile every kernel, print the table (or JSON); exit status 1 on any failure."""
+    """Command line: compile every kernel with each compiler, print the tables (or JSON); exit 1 on any failure."""
+    from .compilers import COMPILERS, compiler_name, installed, installed_compilers
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print a JSON list of per-kernel reports")
     parser.add_argument("--module", action="append", help="only this kernel module (e.g. attention); repeatable")
     parser.add_argument("--arch", default=arch_name(TARGET_CC), choices=sorted(ARCHES), help="target architecture")
     parser.add_argument(
-        "--cubin-dir", metavar="DIR", help="also write every kernel's cubin to DIR as <kernel>.<arch>.cubin"
+        "--compiler",
+        default="each",
+        choices=("each", *COMPILERS, "mlir"),
+        help="which compiler builds the kernels (default: each installed one, one process each)",
+    )
+    parser.add_argument("--sass", action="store_true", help="also hold every kernel's loops to the SASS budgets")
+    parser.add_argument(
+        "--cubin-dir", metavar="DIR", help="also write every kernel's cubin to DIR as <kernel>.<arch>[.mlir].cubin"
     )
     args = parser.parse_args(argv)
     cc = parse_arch(args.arch)
     if "numba" in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         parser.error("numba was already imported with NUMBA_ENABLE_CUDASIM on; run this in a fresh process")
     os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
+    compilers = installed_compilers() if args.compiler == "each" else [compiler_name(args.compiler)]
+    missing = [c for c in compilers if not installed(c)]
+    if missing or not compilers:
+        parser.error(f"compiler not installed: {', '.join(missing) or 'numba-cuda or numba-cuda-mlir'}")
     modules = None if not args.module else [f"{PACKAGE}.{m}" for m in args.module]
-    built = _build_all(modules, cc)
-    reports = [report for report, _ in built]
-    if args.cubin_dir:
-        _write_cubins(args.cubin_dir, built, cc)
+    if len(compilers) > 1:
+        passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--json"]
+        passed = [a for i, a in enumerate(passed) if a != "--compiler" and (i == 0 or passed[i - 1] != "--compiler")]
+        reports = _build_elsewhere(compilers, passed)
+    else:
+        built = _build_here(compilers[0], modules, cc, args.sass)
+        reports = [report for report, _ in built]
+        if args.cubin_dir:
+            _write_cubins(args.cubin_dir, built, cc)
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=1))
     else:
-        print(format_table(reports, cc))
+        for compiler in compilers:
+            print(format_table([r for r in reports if r.compiler == compiler], cc) + "\n")
     return 0 if reports and all(r.ok for r in reports) else 1
 
 

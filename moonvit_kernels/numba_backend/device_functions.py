@@ -9,7 +9,7 @@ runs it as an ordinary Python call, and arguments that are compile-time constant
 
 from __future__ import annotations
 
-from numba import cuda
+from ._cuda import cuda, int32, uint32
 
 # `op` of `block_reduce`.
 REDUCE_SUM = 0
@@ -54,12 +54,14 @@ def find_item(offsets, n_items, index):
     """
     if n_items < 1 or index < offsets[0]:
         return -1
-    lo = 0
-    hi = n_items
+    # uint32 indices (no negative-index wraparound to compute) and an update by two selects, not an
+    # if/else: numba-cuda-mlir 0.6 keeps lo and hi in a local-memory frame when each is assigned in one
+    # branch (STL/LDL on every step); this way both compilers keep them in registers (notebook 09).
+    lo = uint32(0)
+    hi = uint32(n_items)
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if offsets[mid] <= index:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+        mid = (lo + hi) >> 1
+        below = offsets[mid] <= index
+        lo = mid if below else lo
+        hi = hi if below else mid
+    return int32(lo)  # not uint32: a uint32 and the -1 above would unify to float64

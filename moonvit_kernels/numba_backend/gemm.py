@@ -43,8 +43,8 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32
 
+from ._cuda import cuda, float32
 from .launch import check_array, check_launch, copy_back, device_array, grid_2d, jit_named, to_device
 
 EPILOGUES = ("none", "gelu_tanh", "gelu_erf", "residual")

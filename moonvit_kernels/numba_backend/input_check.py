@@ -12,8 +12,8 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda
 
+from ._cuda import cuda
 from .launch import ceil_div, check_array, check_launch
 
 SIGNATURE = "void(float32[:, ::1], int32[::1])"

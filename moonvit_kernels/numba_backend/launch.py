@@ -22,10 +22,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from numba import cuda
-from numba.cuda.cudadrv.devicearray import is_cuda_ndarray
 
 from .. import launch_rules
+from ._cuda import cuda, is_cuda_ndarray
 
 # Largest index a kernel computes in int32 without overflow.
 INT32_MAX = 2**31 - 1
@@ -142,19 +141,22 @@ def max_threads_for(registers_per_thread: int) -> int:
     return launch_rules.max_threads_for(registers_per_thread)
 
 
-def kernel_registers(name: str) -> tuple[int, str]:
+def kernel_registers(name: str, compiler: str | None = None) -> tuple[int, str]:
     """Registers per thread of the kernel called `name`, and where the number comes from.
 
-    The compile tier's table (`registers.KERNEL_REGISTERS`) when it lists the kernel; for another
-    specialisation of a listed family (e.g. `attention_v2_hd64_...`: the table holds head_dim 128
-    and 24) the family's largest entry, an estimate; otherwise ASSUMED_REGISTERS.
+    The compile tier's table of `compiler` (default: the one building the kernels, `_cuda.COMPILER`;
+    `registers.KERNEL_REGISTERS`) when it lists the kernel; for another specialisation of a listed family
+    (e.g. `attention_v2_hd64_...`: the table holds head_dim 128 and 24) the family's largest entry, an
+    estimate; otherwise ASSUMED_REGISTERS.
     """
-    from .registers import ASSUMED_REGISTERS, KERNEL_REGISTERS
+    from ._cuda import COMPILER
+    from .registers import ASSUMED_REGISTERS, registers_for
 
-    if name in KERNEL_REGISTERS:
-        return KERNEL_REGISTERS[name], "from the compile tier"
+    table = registers_for(compiler or COMPILER)
+    if name in table:
+        return table[name], "from the compile tier"
     family = name.split("_hd")[0] + "_hd" if "_hd" in name else None
-    relatives = [r for k, r in KERNEL_REGISTERS.items() if family and k.startswith(family)]
+    relatives = [r for k, r in table.items() if family and k.startswith(family)]
     if relatives:
         return max(relatives), f"estimated: the most of the {family}* kernels in the compile tier"
     return ASSUMED_REGISTERS, "assumed: not in the compile tier's table"
@@ -165,7 +167,7 @@ def check_launch(kernel: Any, blocks: Any, threads: Any, registers_of: str | Non
 
     `blocks` and `threads` are ints or tuples (x, y, z order). Every grid dimension must be in
     1..MAX_GRID, the block 1..1024 threads, and the block's registers (per-thread count from
-    `registers.KERNEL_REGISTERS` under the kernel's name, or `registers_of` when a specialisation
+    `kernel_registers` under the kernel's name, or `registers_of` when a specialisation
     shares another's count) must pass `launch_rules.register_problem`. Raises ValueError naming the kernel.
     """
     name = kernel_name(kernel)

@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32
 
 from . import launch
+from ._cuda import cuda, float32
 from .device_functions import find_item
 from .launch import (
     ITEM_MERGED_OFFSET,

@@ -23,9 +23,9 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32
 
 from .. import reference
+from ._cuda import cuda, float32, int32
 from .device_functions import find_item
 from .launch import (
     ITEM_TOKEN_OFFSET,

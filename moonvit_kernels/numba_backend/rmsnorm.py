@@ -17,8 +17,8 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32
 
+from ._cuda import cuda, float32
 from .device_functions import REDUCE_SUM, block_reduce
 from .launch import check_array, check_launch, copy_back, device_array, jit_named, threads_for, to_device
 

@@ -35,9 +35,9 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, uint32
 
 from ..config import ROPE_MAX_SIDE, ROPE_THETA
+from ._cuda import cuda, float32, uint32
 from .device_functions import find_item
 from .launch import (
     MAX_THREADS_PER_BLOCK,

@@ -1,6 +1,6 @@
 """Solution of warm-up "warm_block_sum" (notebook 00a): a tree reduction in shared memory."""
 
-from numba import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 
 THREADS = 32
 

@@ -1,6 +1,6 @@
 """Solution of warm-up "warm_broadcast_2d" (notebook 00a): an outer product over 2-D blocks."""
 
-from numba import cuda
+from moonvit_kernels.numba_backend._cuda import cuda
 
 
 @cuda.jit

@@ -1,6 +1,6 @@
 """Solution of warm-up "warm_guard" (notebook 00a): a global index and a bounds test."""
 
-from numba import cuda
+from moonvit_kernels.numba_backend._cuda import cuda
 
 
 @cuda.jit

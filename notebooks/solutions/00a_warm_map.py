@@ -1,6 +1,6 @@
 """Solution of warm-up "warm_map" (notebook 00a): one thread per element."""
 
-from numba import cuda
+from moonvit_kernels.numba_backend._cuda import cuda
 
 
 @cuda.jit

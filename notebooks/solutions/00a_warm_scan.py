@@ -1,6 +1,6 @@
 """Solution of warm-up "warm_scan" (notebook 00a): Hillis–Steele inclusive scan inside a block."""
 
-from numba import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 
 THREADS = 32
 

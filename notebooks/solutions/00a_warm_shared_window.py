@@ -1,6 +1,6 @@
 """Solution of warm-up "warm_shared_window" (notebook 00a): a 3-point window through shared memory."""
 
-from numba import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 
 THREADS = 16
 

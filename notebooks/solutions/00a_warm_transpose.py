@@ -1,6 +1,6 @@
 """Solution of warm-up "warm_transpose" (notebook 00a): coalesced both ways through a padded shared tile."""
 
-from numba import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 
 TILE, ROWS = 32, 8
 

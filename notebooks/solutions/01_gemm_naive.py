@@ -1,6 +1,6 @@
 """Solution of exercise "gemm_naive" (notebook 01): one thread per output, C = A·Bᵀ."""
 
-from numba import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 
 
 @cuda.jit

@@ -1,6 +1,6 @@
 """Solution of exercise "gemm_register_tile" (notebook 01): a 2×2 register tile per thread."""
 
-from numba import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 
 TILE, TM, TN = 16, 2, 2  # 16×16 threads, each owning TM×TN outputs: 32×32 per block
 

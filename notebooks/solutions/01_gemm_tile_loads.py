@@ -1,6 +1,6 @@
 """Solution of exercise "gemm_tile_loads" (notebook 01): GEMM v2's shared-memory tile loads."""
 
-from numba import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 
 TILE = 16
 

@@ -1,6 +1,6 @@
 """Solution of exercise "rope_token_position" (notebook 03): a token's (row, col) in a packed batch."""
 
-from numba import cuda
+from moonvit_kernels.numba_backend._cuda import cuda
 
 
 @cuda.jit

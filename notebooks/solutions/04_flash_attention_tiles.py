@@ -2,7 +2,7 @@
 
 import math
 
-from numba import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 
 HD, BQ, BK = 8, 4, 8  # head dim; query rows and keys per tile (BK == HD: thread tx also owns output dim tx)
 

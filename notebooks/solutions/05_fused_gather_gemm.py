@@ -1,6 +1,6 @@
 """Solution of exercise "fused_gather_gemm" (notebook 05): the projector GEMM gathers its A operand."""
 
-from numba import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 
 
 @cuda.jit

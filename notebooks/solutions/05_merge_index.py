@@ -1,6 +1,6 @@
 """Solution of exercise "merge_index" (notebook 05): the kh×kw patch merge gather, mean over frames."""
 
-from numba import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 
 
 @cuda.jit

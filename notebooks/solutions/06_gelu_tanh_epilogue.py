@@ -2,7 +2,7 @@
 
 import math
 
-from numba import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32
 
 GELU_C = float32(math.sqrt(2.0 / math.pi))
 

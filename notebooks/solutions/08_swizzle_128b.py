@@ -1,6 +1,6 @@
 """Solution of exercise "swizzle_128b" (notebook 08): the 128-byte swizzle of a K-major bf16 tile."""
 
-from numba import cuda
+from moonvit_kernels.numba_backend._cuda import cuda
 
 
 @cuda.jit

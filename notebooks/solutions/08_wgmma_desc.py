@@ -1,6 +1,6 @@
 """Solution of exercise "wgmma_desc" (notebook 08): wgmma's matrix descriptor as four 16-bit words."""
 
-from numba import cuda
+from moonvit_kernels.numba_backend._cuda import cuda
 
 
 @cuda.jit
