@@ -62,9 +62,10 @@ def token_positions(grid_thws: Any) -> np.ndarray:
 
 
 def _merge_kernel(grid: np.ndarray, merge_kernel_size: Sequence[int]) -> tuple[int, int]:
+    for k in merge_kernel_size:
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"merge_kernel_size must be a positive integer, got {k!r}")
     kh, kw = (int(k) for k in merge_kernel_size)
-    if kh < 1 or kw < 1:
-        raise ValueError(f"merge_kernel_size must be positive, got {(kh, kw)}")
     for i, (t, h, w) in enumerate(grid.tolist()):
         if h % kh or w % kw:
             raise ValueError(f"grid_thws[{i}] = {(t, h, w)}: h must be divisible by {kh} and w by {kw}")

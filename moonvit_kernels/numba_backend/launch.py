@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import launch_rules
+from .. import launch_rules, packing
 from ._cuda import cuda, is_cuda_ndarray
 
 # Largest index a kernel computes in int32 without overflow.
-INT32_MAX = 2**31 - 1
 
 
 # ============================================================================ array checks
@@ -220,47 +219,9 @@ def threads_for(n: int, max_threads: int = 256, min_threads: int = 32) -> int:
 
 
 # ============================================================================ packed media items
-def grid_table(grid_thws: Any) -> np.ndarray:
-    """`grid_thws [N, 3]` rows `(t, h, w)` as a validated int32 host array (all >= 1, L < 2^31)."""
-    g = np.asarray(grid_thws)
-    if g.ndim == 1 and g.shape == (3,):
-        g = g[None]
-    if g.ndim != 2 or g.shape[1] != 3 or g.shape[0] == 0:
-        raise ValueError(f"grid_thws: shape {g.shape} is not [N, 3] with N >= 1")
-    if not np.issubdtype(g.dtype, np.integer):
-        raise ValueError(f"grid_thws: dtype {g.dtype} is not an integer type")
-    if np.any(g < 1):
-        raise ValueError(f"grid_thws: every t, h, w must be >= 1, got {g.tolist()}")
-    total = int(np.sum(np.prod(g.astype(np.int64), axis=1)))
-    if total > INT32_MAX:
-        raise ValueError(f"grid_thws: {total} tokens do not fit int32 indices")
-    return g.astype(np.int32)
-
-
-def cu_seqlens_table(grid_thws: Any) -> np.ndarray:
-    """Token offsets `[0, t0·h0·w0, ...]` of packed items as int32 `[N + 1]`."""
-    g = grid_table(grid_thws).astype(np.int64)
-    return np.concatenate([[0], np.cumsum(np.prod(g, axis=1))]).astype(np.int32)
-
-
-ITEM_T, ITEM_H, ITEM_W, ITEM_TOKEN_OFFSET, ITEM_MERGED_OFFSET = range(5)
-
-
-def item_table(grid_thws: Any, merge_kernel_size: Sequence[int] | None = None) -> np.ndarray:
-    """Per-item int32 table for kernels that map a token (or merged token) to its media item.
-
-    Columns `(t, h, w, token_offset)` -> `[N, 4]`; with `merge_kernel_size (kh, kw)` a fifth
-    column `merged_offset` (first merged token of the item) -> `[N, 5]`, after checking that
-    `h % kh == 0` and `w % kw == 0`.
-    """
-    g = grid_table(grid_thws)
-    cu = cu_seqlens_table(g)
-    cols = [g, cu[:-1, None]]
-    if merge_kernel_size is not None:
-        kh, kw = (check_positive("merge_kernel_size", k) for k in merge_kernel_size)
-        for i, (t, h, w) in enumerate(g.tolist()):
-            if h % kh or w % kw:
-                raise ValueError(f"grid_thws[{i}] = {(t, h, w)}: h must be divisible by {kh} and w by {kw}")
-        merged = (g[:, 1].astype(np.int64) // kh) * (g[:, 2] // kw)
-        cols.append(np.concatenate([[0], np.cumsum(merged)[:-1]])[:, None])
-    return np.ascontiguousarray(np.concatenate(cols, axis=1).astype(np.int32))
+# written once in moonvit_kernels.packing; the names the numba kernels use
+grid_table = packing.grid_table
+cu_seqlens_table = packing.cu_seqlens
+item_table = packing.item_table
+ITEM_T, ITEM_H, ITEM_W = packing.ITEM_T, packing.ITEM_H, packing.ITEM_W
+ITEM_TOKEN_OFFSET, ITEM_MERGED_OFFSET = packing.ITEM_TOKEN_OFFSET, packing.ITEM_MERGED_OFFSET
