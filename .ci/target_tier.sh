@@ -11,8 +11,13 @@ phase=${1:-all}
 start=$(date +%s)
 if [ "$phase" = install ] || [ "$phase" = all ]; then
 py=""
-for cand in python3.12 "$(command -v pyenv >/dev/null 2>&1 && echo "$(pyenv root)/versions/3.12"*/bin/python3.12)"; do
-  if [ -n "$cand" ] && command -v "$cand" >/dev/null 2>&1; then py=$(command -v "$cand"); break; fi
+# a pyenv install first (its shim for python3.12 may exist yet refuse to run), then whatever python3.12 is on PATH
+for cand in $(command -v pyenv >/dev/null 2>&1 && ls -d "$(pyenv root)"/versions/3.12*/bin/python3.12 2>/dev/null) \
+  "$(command -v python3.12 || true)"; do
+  if [ -n "$cand" ] && "$cand" -c "import sys; assert sys.version_info[:2] == (3, 12)" >/dev/null 2>&1; then
+    py=$cand
+    break
+  fi
 done
 [ -n "$py" ] || { echo "target tier: no Python 3.12 on this machine" >&2; exit 1; }
 echo "+ target tier with $py"
