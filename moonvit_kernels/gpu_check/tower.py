@@ -322,7 +322,9 @@ def _backend_item(
         sink.verdict("tower", f"{case} {name} vs NumPy ({check_layers} layers)", status, text)
         if status != PASS:
             return  # a wrong tower is not timed
-        kernels = f"; {described['hopper']}" if described else ""
+        # the backend's own summary: the CUDA C backend says which Hopper kernels ran, numba which compiler
+        summary = described and (described.get("hopper") or described.get("compiler"))
+        kernels = f"; {summary}" if summary else ""
         if reuse:  # the checked model is the full model: its run is the timed run
             np.save(output_path(ctx.scratch, name, index), np.concatenate([to_numpy(o) for o in out]))
             _time_rows(sink, case, name, where, L, layers, [check_run], c, grid,
