@@ -343,41 +343,54 @@ def attention(
     """
     L, H, hd = q.shape
     dt = np.promote_types(q.dtype, np.float32)
-    scale = dt.type(1.0 / math.sqrt(hd))
     out = np.empty((L, H, hd), dtype=dt)
     lse = np.empty((L, H), dtype=dt)
     bounds = np.asarray(cu_seqlens, dtype=np.int64)
     for s, e in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        n = e - s
-        if n == 0:
-            continue
-        groups = _head_groups(H)
-        # At most WORKERS blocks of (widest group) x rows x n scores are alive at once.
-        widest = max(g.stop - g.start for g in groups)
-        rows = max(1, min(n, score_budget // (WORKERS * widest * n)))
-        blocks = [(r0, min(e, r0 + rows), h) for r0 in range(s, e, rows) for h in groups]
-        k_item = np.ascontiguousarray(k[s:e].transpose(1, 0, 2), dtype=dt)  # [H, n, hd]
-        v_item = np.ascontiguousarray(v[s:e].transpose(1, 0, 2), dtype=dt)  # [H, n, hd]
-
-        def attend(block: tuple[int, int, slice], k_item: np.ndarray = k_item, v_item: np.ndarray = v_item) -> None:
-            r0, r1, h = block
-            qh = np.ascontiguousarray(q[r0:r1, h].transpose(1, 0, 2), dtype=dt) * scale  # [h, r, hd]
-            scores = qh @ k_item[h].transpose(0, 2, 1)  # [h, r, n]
-            m = scores.max(axis=-1, keepdims=True)
-            scores -= m
-            np.exp(scores, out=scores)
-            denom = scores.sum(axis=-1, keepdims=True)
-            o = scores @ v_item[h]  # [h, r, hd]
-            o /= denom
-            out[r0:r1, h] = o.transpose(1, 0, 2)
-            lse[r0:r1, h] = (m + np.log(denom))[..., 0].T
-
-        # Blocks write disjoint parts of out/lse; NumPy releases the GIL inside them, so the
-        # softmax work (single-threaded in NumPy) spreads over the CPU cores. One BLAS thread per
-        # block: the blocks already fill the cores, and nested BLAS threads would fight them.
-        with _one_blas_thread():
-            list(_pool().map(attend, blocks))
+        if e > s:
+            out[s:e], lse[s:e] = attention_rows(q[s:e], k[s:e], v[s:e], score_budget)
     return (out, lse) if return_lse else out
+
+
+def attention_rows(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, score_budget: int = ATTENTION_SCORE_BUDGET
+) -> tuple[np.ndarray, np.ndarray]:
+    """One item's softmax attention: queries `q [r, heads, hd]` against the item's `k, v [n, heads, hd]`
+    (r may differ from n: a checker samples query rows). Returns `(o [r, heads, hd], lse [r, heads])`
+    in at least float32; at most `score_budget` scores exist at once."""
+    r, H, hd = q.shape
+    n = k.shape[0]
+    dt = np.promote_types(q.dtype, np.float32)
+    scale = dt.type(1.0 / math.sqrt(hd))
+    out = np.empty((r, H, hd), dtype=dt)
+    lse = np.empty((r, H), dtype=dt)
+    groups = _head_groups(H)
+    # At most WORKERS blocks of (widest group) x rows x n scores are alive at once.
+    widest = max(g.stop - g.start for g in groups)
+    rows = max(1, min(r, score_budget // (WORKERS * widest * n)))
+    blocks = [(r0, min(r, r0 + rows), h) for r0 in range(0, r, rows) for h in groups]
+    k_item = np.ascontiguousarray(k.transpose(1, 0, 2), dtype=dt)  # [H, n, hd]
+    v_item = np.ascontiguousarray(v.transpose(1, 0, 2), dtype=dt)  # [H, n, hd]
+
+    def attend(block: tuple[int, int, slice]) -> None:
+        r0, r1, h = block
+        qh = np.ascontiguousarray(q[r0:r1, h].transpose(1, 0, 2), dtype=dt) * scale  # [h, r, hd]
+        scores = qh @ k_item[h].transpose(0, 2, 1)  # [h, r, n]
+        m = scores.max(axis=-1, keepdims=True)
+        scores -= m
+        np.exp(scores, out=scores)
+        denom = scores.sum(axis=-1, keepdims=True)
+        o = scores @ v_item[h]  # [h, r, hd]
+        o /= denom
+        out[r0:r1, h] = o.transpose(1, 0, 2)
+        lse[r0:r1, h] = (m + np.log(denom))[..., 0].T
+
+    # Blocks write disjoint parts of out/lse; NumPy releases the GIL inside them, so the softmax work
+    # (single-threaded in NumPy) spreads over the CPU cores. One BLAS thread per block: the blocks
+    # already fill the cores, and nested BLAS threads would fight them.
+    with _one_blas_thread():
+        list(_pool().map(attend, blocks))
+    return out, lse
 
 
 def _one_blas_thread() -> Any:

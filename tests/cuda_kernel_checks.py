@@ -14,28 +14,29 @@ import math
 from typing import Any
 
 import numpy as np
-from helpers import FP32_EPS, assert_close, fp32_rtol, random_pixels
+from helpers import random_pixels
 
 from moonvit_kernels import reference as ref
+from moonvit_kernels.checks import (
+    BF16_ULP,
+    FP32_EPS,
+    assert_close,
+    bf16_round,
+    fp32_rtol,
+    gemm_want,
+    merge_want,
+    pos_emb_want,
+    random,
+    rmsnorm_want,
+    rope_want,
+)
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits, random_weights
-
-BF16_ULP = 2.0**-8  # spacing of bf16 numbers in [1, 2): round-to-nearest error <= half of it
 
 
 def host(a: Any) -> np.ndarray:
     """A device (CuPy) or host array as NumPy."""
     return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
-
-
-def bf16_round(x: np.ndarray) -> np.ndarray:
-    """float32 values rounded to the nearest bf16 (as float32)."""
-    return bf16_bits_to_float32(float32_to_bf16_bits(np.asarray(x, dtype=np.float32)))
-
-
-def random(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
-    """Normal noise with a random offset (never uniform, never centred exactly)."""
-    return (rng.standard_normal(shape) * scale + rng.uniform(-0.3, 0.3)).astype(np.float32)
 
 
 def upload(k: Any, a: np.ndarray, dtype: str) -> tuple[Any, np.ndarray]:
@@ -58,19 +59,12 @@ def check_gemm(k: Any, M: int, N: int, K: int, operands: str, out_dtype: str, ep
     rng = np.random.default_rng(seed)
     a, a_ref = upload(k, random(rng, (M, K)), operands)
     b, b_ref = upload(k, random(rng, (N, K), 1 / math.sqrt(K)), operands)
-    lin = a_ref @ b_ref.T
     # fp32 accumulation error, scaled by the size of the products summed
     acc_tol = fp32_rtol(K) * float(np.max(np.abs(a_ref)) * np.max(np.abs(b_ref)) * math.sqrt(K))
-    residual = None
+    residual = r_ref = None
     if epilogue == "residual":
         residual, r_ref = upload(k, random(rng, (M, N), 2.0), out_dtype)
-        want = r_ref + lin
-    elif epilogue == "gelu_tanh":
-        want = ref.gelu_tanh(lin)
-    elif epilogue == "gelu_erf":
-        want = ref.gelu_erf(lin)
-    else:
-        want = lin
+    want = gemm_want(a_ref, b_ref, epilogue, r_ref)
     got = k.gemm(a, b, epilogue=epilogue, residual=residual, out=residual, out_dtype=out_dtype)
     if residual is not None:
         assert got is residual, "gemm: out= must be returned"
@@ -107,7 +101,7 @@ def check_rmsnorm(k: Any, rows: int, D: int, in_dtype: str, out_dtype: str, eps:
     x, x_ref = upload(k, random(rng, (rows, D), 2.0), in_dtype)
     w_host = (1.0 + 0.25 * rng.standard_normal(D)).astype(np.float32)
     w = k.array_module().asarray(w_host)
-    want, want_rstd = ref.rmsnorm(x_ref, w_host.astype(np.float64), eps, return_rstd=True)
+    want, want_rstd = rmsnorm_want(x_ref, w_host, eps)
     got, rstd = k.rmsnorm(x, w, eps, out_dtype=out_dtype, return_rstd=True)
     rtol = BF16_ULP if out_dtype == "bfloat16" else fp32_rtol(D)
     name = f"rmsnorm {in_dtype}->{out_dtype} {rows}x{D}"
@@ -158,12 +152,7 @@ def check_rope(k: Any, dtype: str, grid: np.ndarray, heads: int, head_dim: int, 
     L, Q = int(np.sum(np.prod(grid, axis=1))), heads * head_dim
     qkv, qkv_ref = upload(k, random(rng, (L, 3 * Q)), dtype)
     xp = k.array_module()
-    # the angles in fp32, as the source computes them (and as the kernel does: fp32 col·f_i)
-    angles = ref.rope_angles_packed(grid, head_dim, np.float32).astype(np.float64)
-    want = qkv_ref.copy()
-    for s in (0, 1):
-        block = want[:, s * Q : (s + 1) * Q].reshape(L, heads, head_dim)
-        want[:, s * Q : (s + 1) * Q] = ref.apply_rope(block, angles).reshape(L, Q)
+    want = rope_want(qkv_ref, grid, heads, head_dim)
     freqs = xp.asarray(ref.rope_frequencies(head_dim, dtype=np.float32))
     token_pos = xp.asarray(k.token_positions(grid))
     got = k.rope_inplace(qkv, token_pos, freqs, heads, head_dim)
@@ -183,7 +172,7 @@ def check_pos_emb(k: Any, config: VisionConfig, grid: np.ndarray, seed: int = 0)
     x_host = random(rng, (L, D))
     pos_w = random(rng, (H0, W0, D), 0.5)
     time = ref.time_sincos_table(D, config.init_pos_emb_time).astype(np.float32)
-    want = x_host.astype(np.float64) + ref.position_embedding(grid, pos_w.astype(np.float64), config)
+    want = pos_emb_want(x_host, grid, pos_w, config)
     x = xp.asarray(x_host)
     got = k.add_position_embedding_inplace(
         x,
@@ -206,8 +195,7 @@ def check_merge(
     rng = np.random.default_rng(seed)
     L = int(np.sum(np.prod(grid, axis=1)))
     x, x_ref = upload(k, random(rng, (L, D)), in_dtype)
-    items = ref.tpool_patch_merger(x_ref, grid, merge_kernel_size)
-    want = np.concatenate([m.reshape(m.shape[0], -1) for m in items], axis=0)
+    want = merge_want(x_ref, grid, merge_kernel_size)
     ms = k.array_module().asarray(k.merge_sources(grid, merge_kernel_size))
     got = k.tpool_merge(x, ms, merge_kernel_size, out_dtype=out_dtype)
     rtol = BF16_ULP if out_dtype == "bfloat16" else 4 * FP32_EPS

@@ -1,4 +1,5 @@
-"""Assertions shared by the tests: closeness with NaN/Inf failing, tolerances from CONTRIBUTING.md."""
+"""Test helpers: random pixels, file-size limits, snapshots; the error measures (closeness with NaN/Inf
+failing, tolerances from CONTRIBUTING.md) are `moonvit_kernels.checks`, re-exported here."""
 
 from __future__ import annotations
 
@@ -6,29 +7,7 @@ import contextlib
 
 import numpy as np
 
-FP32_EPS = float(np.finfo(np.float32).eps)
-
-
-def fp32_rtol(k: int, factor: float = 8.0) -> float:
-    """A relative tolerance for an fp32 reduction of length k: factor · eps · sqrt(k)."""
-    return factor * FP32_EPS * max(1.0, np.sqrt(k))
-
-
-def assert_close(got, ref, rtol: float, atol: float, name: str = "array") -> None:
-    """|got − ref| <= atol + rtol·|ref| elementwise; shapes equal; any NaN/Inf in either fails."""
-    got = np.asarray(got)
-    ref = np.asarray(ref)
-    assert got.shape == ref.shape, f"{name}: shape {got.shape} != reference {ref.shape}"
-    assert np.all(np.isfinite(ref)), f"{name}: reference holds NaN/Inf"
-    assert np.all(np.isfinite(got)), f"{name}: result holds NaN/Inf at {np.argwhere(~np.isfinite(got))[:3].tolist()}"
-    err = np.abs(got.astype(np.float64) - ref.astype(np.float64))
-    bound = atol + rtol * np.abs(ref.astype(np.float64))
-    if not np.all(err <= bound):
-        i = np.unravel_index(np.argmax(err - bound), err.shape)
-        raise AssertionError(
-            f"{name}: max abs err {err.max():.3e}; worst at {tuple(int(j) for j in i)}: "
-            f"got {got[i]!r}, ref {ref[i]!r}, bound {bound[i]:.3e} (rtol={rtol:.1e}, atol={atol:.1e})"
-        )
+from moonvit_kernels.checks import FP32_EPS, assert_close, fp32_rtol  # noqa: F401
 
 
 def rng(seed: int = 0) -> np.random.Generator:

@@ -91,11 +91,11 @@ def probe_plan(head_dims: Sequence[int]) -> list[str]:
 
 # ============================================================================ the probes (in the subprocess)
 def _bf16_values(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """Random non-uniform values: (bf16 bits, the float64 values they hold)."""
+    """Random non-uniform values (`checks.random`): (bf16 bits, the float64 values they hold)."""
+    from moonvit_kernels.checks import random
     from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
 
-    x = (rng.standard_normal(shape) * scale + rng.uniform(-0.3, 0.3)).astype(np.float32)
-    bits = float32_to_bf16_bits(x)
+    bits = float32_to_bf16_bits(random(rng, shape, scale))
     return bits, bf16_bits_to_float32(bits).astype(np.float64)
 
 
@@ -104,34 +104,6 @@ def _host(a: Any) -> np.ndarray:
 
     a = a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
     return bf16_bits_to_float32(a).astype(np.float64) if a.dtype == np.uint16 else a.astype(np.float64)
-
-
-def rel_error(got: Any, want: np.ndarray) -> float:
-    """max|got − want| / max|want|; inf when got is not finite or the shapes differ."""
-    g = _host(got)
-    if g.shape != want.shape or not np.all(np.isfinite(g)):
-        return math.inf
-    return float(np.max(np.abs(g - want)) / max(1e-30, float(np.max(np.abs(want)))))
-
-
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-
-
-def _attention_want(qkv: np.ndarray, cu: np.ndarray, heads: int, hd: int) -> tuple[np.ndarray, np.ndarray]:
-    """float64 packed attention: (out [L, H·hd], lse [L, H])."""
-    Q = heads * hd
-    out, lse = np.zeros((qkv.shape[0], Q)), np.zeros((qkv.shape[0], heads))
-    for a, b in zip(cu[:-1], cu[1:], strict=True):
-        for h in range(heads):
-            q, k, v = (qkv[a:b, s * Q + h * hd : s * Q + (h + 1) * hd] for s in range(3))
-            s = q @ k.T / math.sqrt(hd)
-            m = s.max(axis=1, keepdims=True)
-            p = np.exp(s - m)
-            z = p.sum(axis=1, keepdims=True)
-            out[a:b, h * hd : (h + 1) * hd] = (p @ v) / z
-            lse[a:b, h] = (m + np.log(z))[:, 0]
-    return out, lse
 
 
 def _fault(kind: str) -> None:
@@ -145,25 +117,26 @@ def _fault(kind: str) -> None:
 def run_probes(hopper: Any, head_dims: Sequence[int], fault: str = "") -> dict[str, dict[str, Any]]:
     """Run every probe through launcher module `hopper` (`gemm(..., block_n=)`, `attention`, `array_module`)
     in this process: {probe: {"ok", "error", "tol", "why"}}. An exception is that probe's failure."""
+    from moonvit_kernels.checks import attention_want, gemm_want, rel_err
+
     _fault(fault)
     xp = hopper.array_module()
     rng = np.random.default_rng(90)
     M, N, K = GEMM_SHAPE
     a_bits, a = _bf16_values(rng, (M, K), 1.0)
     b_bits, b = _bf16_values(rng, (N, K), K**-0.5)
-    lin = a @ b.T
     a_dev, b_dev = xp.asarray(a_bits), xp.asarray(b_bits)
     results: dict[str, dict[str, Any]] = {}
 
     def record(name: str, errors: list[float], tol: float, why: str = "") -> None:
-        err = max(errors) if errors else math.inf
+        err = max(errors) if errors and all(math.isfinite(e) for e in errors) else math.inf
         ok = not why and math.isfinite(err) and err <= tol
         results[name] = {"ok": ok, "error": err, "tol": tol, "why": why or ("" if ok else f"rel err {err:.3g}")}
 
     for bn in GEMM_BLOCK_NS:
         for name, out_dtype, epilogue, want, tol in (
-            (f"gemm bn{bn} fp32 none", "float32", "none", lin, TOL_FP32_OUT),
-            (f"gemm bn{bn} bf16 gelu_tanh", "bfloat16", "gelu_tanh", _gelu_tanh(lin), TOL_BF16_OUT),
+            (f"gemm bn{bn} fp32 none", "float32", "none", gemm_want(a, b, "none"), TOL_FP32_OUT),
+            (f"gemm bn{bn} bf16 gelu_tanh", "bfloat16", "gelu_tanh", gemm_want(a, b, "gelu_tanh"), TOL_BF16_OUT),
         ):
             bf16 = out_dtype == "bfloat16"
             poison = np.full((M, N), 0x7FC0, np.uint16) if bf16 else np.full((M, N), np.nan, np.float32)
@@ -173,7 +146,7 @@ def run_probes(hopper: Any, head_dims: Sequence[int], fault: str = "") -> dict[s
                 if fault == "wrong":
                     got[M - 1, N - 1] += 1.0
                     fault = ""
-                record(name, [rel_error(got, want)], tol)
+                record(name, [rel_err(got, want)], tol)
             except Exception as e:
                 record(name, [], tol, f"{type(e).__name__}: {e}")
     lens = np.asarray(ATTENTION_LENS)
@@ -183,8 +156,8 @@ def run_probes(hopper: Any, head_dims: Sequence[int], fault: str = "") -> dict[s
         bits, qkv = _bf16_values(rng, (int(cu[-1]), 3 * ATTENTION_HEADS * hd), 1.5)
         try:
             o, lse = hopper.attention(xp.asarray(bits), cu, ATTENTION_HEADS, hd)
-            want_o, want_lse = _attention_want(qkv, cu, ATTENTION_HEADS, hd)
-            record(name, [rel_error(o, want_o), rel_error(lse, want_lse)], TOL_BF16_OUT)
+            want_o, want_lse = attention_want(qkv, cu, ATTENTION_HEADS, hd)
+            record(name, [rel_err(_host(o), want_o), rel_err(_host(lse), want_lse)], TOL_BF16_OUT)
         except Exception as e:
             record(name, [], TOL_BF16_OUT, f"{type(e).__name__}: {e}")
     return results

@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 
 from .. import reference as ref
+from ..checks import attention_want, bf16_round, gemm_want, merge_want, random, rel_err, rope_want, sample_rows
 from ..config import VisionConfig
 from ..weights import bf16_bits_to_float32, float32_to_bf16_bits
 
 TOL_FP32 = 1e-4  # max|got − want| / max|want| for fp32 outputs (fp32 accumulation over K <= 4096)
 TOL_BF16_ACC = 1e-3  # bf16 operands (rounded values used by the reference too), fp32 output
 TOL_BF16_OUT = 1e-2  # bf16 outputs: rounding of the output, 2^-9 relative, plus accumulation
-SAMPLE_ROWS = 64
 
 
 @dataclass
@@ -52,29 +52,6 @@ class KernelCase:
     model: tuple[str, float, float]  # (X-ray catalogue label, FLOPs, compulsory DRAM bytes) of one call
 
 
-def rel_err(got: np.ndarray, want: np.ndarray) -> float:
-    """max|got − want| / max|want|; NaN when got holds NaN/Inf or the shapes differ."""
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape or not np.all(np.isfinite(got)):
-        return float("nan")
-    return float(np.max(np.abs(got - want)) / max(1e-30, float(np.max(np.abs(want)))))
-
-
-def sample_rows(n: int, count: int = SAMPLE_ROWS) -> np.ndarray:
-    """Up to `count` row indices spread over 0..n-1, the first and the last included."""
-    return np.unique(np.linspace(0, n - 1, min(n, count)).round().astype(np.int64))
-
-
-def random(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
-    """Normal noise with an offset: never uniform, never exactly centred."""
-    return (rng.standard_normal(shape) * scale + rng.uniform(-0.3, 0.3)).astype(np.float32)
-
-
-def bf16_round(x: np.ndarray) -> np.ndarray:
-    return bf16_bits_to_float32(float32_to_bf16_bits(np.asarray(x, dtype=np.float32)))
-
-
 def gemm_shapes(c: VisionConfig, L: int) -> dict[str, tuple[int, int, int, str]]:
     """name -> (M, N, K, epilogue) of the model's GEMMs for L tokens (projector on L/4 merged tokens)."""
     D, Q, I, T, P = c.vt_hidden_size, c.qkv_hidden_size, c.vt_intermediate_size, c.text_hidden_size, c.patch_dim
@@ -89,55 +66,6 @@ def gemm_shapes(c: VisionConfig, L: int) -> dict[str, tuple[int, int, int, str]]
         "proj0+gelu_erf": (M4, Km, Km, "gelu_erf"),
         "proj2": (M4, T, Km, "none"),
     }
-
-
-def gemm_want(a_rows: np.ndarray, b: np.ndarray, epilogue: str, r_rows: np.ndarray | None) -> np.ndarray:
-    """float64 `epilogue(a_rows · bᵀ)` (+ r_rows for the residual epilogue)."""
-    lin = a_rows.astype(np.float64) @ b.astype(np.float64).T
-    if epilogue == "gelu_tanh":
-        return ref.gelu_tanh(lin)
-    if epilogue == "gelu_erf":
-        return ref.gelu_erf(lin)
-    if epilogue == "residual":
-        return lin + r_rows
-    return lin
-
-
-def attention_want(qkv: np.ndarray, rows: np.ndarray, heads: int, hd: int) -> tuple[np.ndarray, np.ndarray]:
-    """float64 `(o [rows, Q], lse [rows, heads])` of one item spanning all of `qkv [L, 3Q]`."""
-    Q = heads * hd
-    x = qkv.astype(np.float64)
-    o = np.empty((rows.size, Q))
-    lse = np.empty((rows.size, heads))
-    for h in range(heads):
-        q = x[rows, h * hd : (h + 1) * hd]
-        k = x[:, Q + h * hd : Q + (h + 1) * hd]
-        v = x[:, 2 * Q + h * hd : 2 * Q + (h + 1) * hd]
-        s = q @ k.T / math.sqrt(hd)
-        m = s.max(axis=1, keepdims=True)
-        p = np.exp(s - m)
-        z = p.sum(axis=1, keepdims=True)
-        o[:, h * hd : (h + 1) * hd] = (p @ v) / z
-        lse[:, h] = (m + np.log(z))[:, 0]
-    return o, lse
-
-
-def rope_want(qkv: np.ndarray, grid: np.ndarray, heads: int, hd: int) -> np.ndarray:
-    """float64 qkv with the reference 2D RoPE applied to q and k (v untouched)."""
-    L = qkv.shape[0]
-    Q = heads * hd
-    out = qkv.astype(np.float64).copy()
-    ang = ref.rope_angles_packed(grid, hd, np.float32).astype(np.float64)
-    for s in (0, 1):
-        out[:, s * Q : (s + 1) * Q] = ref.apply_rope(out[:, s * Q : (s + 1) * Q].reshape(L, heads, hd), ang).reshape(
-            L, Q
-        )
-    return out
-
-
-def merge_want(x: np.ndarray, grid: np.ndarray, mks: tuple[int, int]) -> np.ndarray:
-    items = ref.tpool_patch_merger(x.astype(np.float64), grid, mks)
-    return np.concatenate([m.reshape(m.shape[0], -1) for m in items])
 
 
 Builder = Callable[[], KernelCase]
@@ -237,7 +165,7 @@ def numba_cases(
             def check(go: Callable[[], Any]) -> tuple[float, float]:
                 go()
                 rows = sample_rows(L, 32)
-                want_o, want_lse = attention_want(qkv, rows, H, hd)
+                want_o, want_lse = attention_want(qkv, [0, L], H, hd, rows)
                 err_o = rel_err(result["o"].copy_to_host()[rows], want_o)
                 err_l = rel_err(result["lse"].copy_to_host()[rows], want_lse)
                 return max(err_o, err_l) if math.isfinite(err_o + err_l) else float("nan"), TOL_FP32
@@ -511,7 +439,7 @@ def _attention_builder(
         def check(go: Callable[[], Any]) -> tuple[float, float]:
             go()
             rows = sample_rows(L, 32)
-            want_o, want_lse = attention_want(qkv, rows, H, hd)
+            want_o, want_lse = attention_want(qkv, [0, L], H, hd, rows)
             err_o = rel_err(_host(result["o"])[rows], want_o)
             err_l = rel_err(_host(result["lse"])[rows], want_lse)
             err = max(err_o, err_l) if math.isfinite(err_o + err_l) else float("nan")
