@@ -1,7 +1,7 @@
 """Checks of the CUDA C kernels against the NumPy reference, shared by two test tiers.
 
 Each check takes `k`, a launcher module with the API of `moonvit_kernels.cuda_backend.launchers`: the real
-one on a GPU (tests/test_cupy_gpu.py) or the CPU emulation (tests/test_cuda_emulation.py). Inputs
+one on a GPU or the CPU emulation (classes TestGpu and TestCudaEmulator of tests/stages/test_<stage>.py). Inputs
 are random and non-uniform; bf16 kernels are compared with a float64 reference computed on the
 same bf16-rounded inputs, so the tolerance only has to cover fp32 accumulation and the rounding of
 the outputs (2^-8 relative), never the input rounding. Output buffers the kernels allocate start

@@ -4,7 +4,7 @@ The kernel's accumulator fragment holds 4-byte bf16 pairs; it stages the normali
 memory (the Q tile's space) and writes whole 16-byte chunks of rows, so each warp store request on `out`
 touches only the 32-byte sectors its bytes fill (hd 128: 2 rows x 256 bytes = 16 sectors), where the pairs
 touched twice that. The staging itself must not trade that for bank conflicts. Results of the kernel at
-awkward sizes (row tails, head dims 8..128) are checked against the reference in test_cuda_emulation.py.
+awkward sizes (row tails, head dims 8..128) are checked against the reference in tests/stages/test_attention.py.
 """
 
 import pytest

@@ -1,12 +1,10 @@
-"""The CUDA C kernels through CuPy, and CupyBackend, on a real GPU (marker `gpu`).
+"""CupyBackend and the CuPy launchers as a whole, on a real GPU (marker `gpu`), plus the host-side index
+tables and the backend's argument checks (no GPU needed).
 
-Each kernel is compared with the NumPy reference at awkward sizes (not tile multiples, K % 8 != 0,
-head_dim 24, packed items crossing tile edges) and at the real K3 sizes; then the whole
-CupyBackend forward against reference.vision_forward on VisionConfig.tiny() and on a 2-layer
-random checkpoint with the real dimensions. conftest skips `gpu` tests when cuInit finds no GPU;
-each one also needs CuPy. The same checks run on the CPU emulator in test_cuda_emulation.py.
-
-The host-side index tables and the backend's argument checks need no GPU and run everywhere.
+Each kernel's own checks at awkward and real K3 sizes live with its stage (tests/stages/test_<stage>.py,
+class TestGpu). Here: the whole CupyBackend forward against reference.vision_forward on VisionConfig.tiny()
+and on a 2-layer random checkpoint with the real dimensions, the launchers' input checks, the shared-memory
+table and every GPU of the machine. conftest skips `gpu` tests when cuInit finds no GPU; each one also needs CuPy.
 """
 
 import numpy as np
@@ -15,11 +13,6 @@ from cuda_kernel_checks import (
     check_attention,
     check_backend_forward,
     check_gemm,
-    check_merge,
-    check_pos_emb,
-    check_rmsnorm,
-    check_rmsnorm_flushes_denormals,
-    check_rope,
 )
 
 from moonvit_kernels import reference as ref
@@ -27,7 +20,6 @@ from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.cuda_backend import sources as kcuda
 from moonvit_kernels.cuda_backend.backend import CupyBackend
 from moonvit_kernels.cuda_backend.launchers import cu_seqlens_int32, merge_sources, token_positions
-from moonvit_kernels.cuda_backend.sources import EPILOGUES
 from moonvit_kernels.weights import random_weights
 
 gpu = pytest.mark.gpu
@@ -100,108 +92,6 @@ def test_backend_rejects_bad_arguments_before_touching_a_gpu():
 
 
 # ============================================================================ kernels on the GPU
-AWKWARD_GEMMS = [(37, 150, 72), (20, 131, 45), (1, 7, 16), (130, 9, 588), (257, 300, 1000)]
-
-
-@gpu
-@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("shape", AWKWARD_GEMMS, ids=lambda s: "x".join(map(str, s)))
-def test_gemm_bf16_awkward(k, shape, out_dtype):
-    for i, epilogue in enumerate(EPILOGUES):
-        check_gemm(k, *shape, "bfloat16", out_dtype, epilogue, seed=i)
-
-
-# The K3 GEMMs at L = 1024 tokens (M = 256 merged tokens for the projector), each with its epilogue.
-D, Q, I, P, T = K3.vt_hidden_size, K3.qkv_hidden_size, K3.vt_intermediate_size, K3.patch_dim, K3.text_hidden_size
-REAL_GEMMS = [
-    ("patch", 1024, D, P, "float32", "none"),
-    ("qkv", 1024, 3 * Q, D, "bfloat16", "none"),
-    ("wo", 1024, D, Q, "float32", "residual"),
-    ("fc0", 1024, I, D, "bfloat16", "gelu_tanh"),
-    ("fc1", 1024, D, I, "float32", "residual"),
-    ("proj0", 256, 4 * D, 4 * D, "bfloat16", "gelu_erf"),
-    ("proj2", 256, T, 4 * D, "float32", "none"),
-]
-
-
-@gpu
-@pytest.mark.parametrize("name, M, N, K_, out_dtype, epilogue", REAL_GEMMS, ids=[g[0] for g in REAL_GEMMS])
-def test_gemm_bf16_real_sizes(k, name, M, N, K_, out_dtype, epilogue):
-    check_gemm(k, M, N, K_, "bfloat16", out_dtype, epilogue)
-
-
-@gpu
-@pytest.mark.parametrize("shape", AWKWARD_GEMMS + [(512, 1024, 1024)], ids=lambda s: "x".join(map(str, s)))
-def test_gemm_fp32(k, shape):
-    for i, epilogue in enumerate(EPILOGUES):
-        check_gemm(k, *shape, "float32", "float32", epilogue, seed=i)
-
-
-@gpu
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize(
-    "head_dim, heads, lens",
-    [
-        (24, 2, [1, 70, 130]),
-        (8, 3, [64, 17]),
-        (40, 2, [5]),
-        (128, 12, [1024]),
-        (128, 12, [1000, 333, 64, 1]),
-        (128, 12, [4096]),
-    ],
-    ids=["hd24-1-70-130", "hd8-64-17", "hd40-5", "hd128-L1024", "hd128-packed", "hd128-L4096"],
-)
-def test_attention(k, dtype, head_dim, heads, lens):
-    check_attention(k, dtype, head_dim, heads, lens)
-
-
-@gpu
-@pytest.mark.parametrize("rows, D_", [(5, 1024), (3, 50), (1, 36), (4096, 1024), (300, 7168)])
-def test_rmsnorm(k, rows, D_):
-    for in_dtype in ("float32", "bfloat16"):
-        for out_dtype in ("float32", "bfloat16"):
-            check_rmsnorm(k, rows, D_, in_dtype, out_dtype)
-
-
-@gpu
-@pytest.mark.parametrize("in_dtype", ["float32", "bfloat16"])
-def test_rmsnorm_flushes_denormals(k, in_dtype):
-    """CuPy compiles with -ftz=true: the hardware flushes as the emulator does (test_cuda_emulation)."""
-    check_rmsnorm_flushes_denormals(k, in_dtype)
-
-
-@gpu
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize(
-    "grid, heads, head_dim",
-    [
-        (np.array([[1, 3, 5], [2, 4, 2], [1, 9, 7]]), 2, 24),
-        (np.array([[1, 64, 64], [2, 32, 48]]), 12, 128),
-        (np.array([[1, 512, 6]]), 1, 128),  # the largest RoPE angle: column and row up to 511
-    ],
-    ids=["tiny", "k3", "edge-512"],
-)
-def test_rope(k, dtype, grid, heads, head_dim):
-    check_rope(k, dtype, grid, heads, head_dim)
-
-
-@gpu
-@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
-@pytest.mark.parametrize("config", [VisionConfig.tiny(), K3], ids=["tiny", "k3"])
-def test_pos_emb(k, config, mode):
-    H0, W0 = config.init_pos_emb_height, config.init_pos_emb_width
-    grid = np.array([[1, H0, W0], [3, 4, 8], [1, 10, 4], [2, 2 * H0 // 3 * 2, W0 + 4]])
-    check_pos_emb(k, config.replace(pos_emb_interpolation_mode=mode), grid)
-
-
-@gpu
-@pytest.mark.parametrize("merge_kernel_size", [(2, 2), (2, 1), (1, 3)])
-@pytest.mark.parametrize("D_", [40, 1024])
-def test_merge(k, merge_kernel_size, D_):
-    grid = np.array([[1, 4, 6], [3, 2, 6], [4, 6, 6], [1, 64, 48]])
-    for in_dtype in ("float32", "bfloat16"):
-        for out_dtype in ("float32", "bfloat16"):
-            check_merge(k, grid, merge_kernel_size, D_, in_dtype, out_dtype)
 
 
 # ============================================================================ launcher checks

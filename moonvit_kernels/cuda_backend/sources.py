@@ -16,10 +16,10 @@ options and the same template instantiations:
 The portable files need sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async); the GPU tier targets sm_90.
 The Hopper files (`HOPPER_SOURCES`: wgmma, tensor copies) build for sm_90a only (`KernelSpec.archs`).
 
-Three ways to exercise them: on a GPU through CuPy (`launchers`, tests/test_cupy_gpu.py);
+Three ways to exercise them (each stage's tests: tests/stages/test_<stage>.py): on a GPU through CuPy (`launchers`);
 compiled for sm_80/sm_90 without a GPU (`python -m moonvit_kernels.cuda_backend.nvrtc_check`,
 tests/test_nvrtc_compile.py); run on the CPU by the emulator in `emulation/` (the same `.cu`
-files through g++, tests/test_cuda_emulation.py).
+files through g++).
 """
 
 from __future__ import annotations

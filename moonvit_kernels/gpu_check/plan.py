@@ -60,7 +60,8 @@ class Plan:
     tower_item_timeout_s: float
     startup_timeout_s: float
     preflight_timeout_s: float
-    test_files: tuple[str, ...] = ("tests/test_cupy_gpu.py", "tests/test_numba_gpu.py")  # CuPy first
+    # CuPy first; each stage file (tests/stages) holds its kernels' gpu tests, CuPy before numba
+    test_files: tuple[str, ...] = ("tests/test_cupy_gpu.py", "tests/stages", "tests/test_numba_gpu.py")
     backends: tuple[str, ...] = BACKENDS  # which kernel families sections (b) and (c) run
     hopper_gemm_shapes: tuple[str, ...] = ()
     hopper_block_ns: tuple[int, ...] = (128, 256)

@@ -135,7 +135,7 @@ def _make_gemm_v2(epilogue: str) -> Any:
 
 # ============================================================================ v3: register blocking
 # Shared-memory layout and thread ownership of v3, in one place: the kernel uses these and the
-# bank-conflict test (tests/test_kernels_gemm.py) reads them.
+# bank-conflict test (tests/stages/test_gemm.py) reads them.
 V3_THREADS_X = BN // TN  # threads along n (threadIdx.x); BM // TM along m (threadIdx.y)
 V3_LOADS_A = BM * BK // V3_THREADS  # slab elements each thread stages per k-step
 V3_LOADS_B = BN * BK // V3_THREADS
