@@ -30,6 +30,7 @@ Attention entries of the CUDA C backend exist per head dim: `PerHeadDim` makes o
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -379,6 +380,23 @@ REGISTRY: list[KernelEntry | PerHeadDim] = [*_numba_entries(), *_portable_entrie
 
 
 # ============================================================================ queries
+# Results that depend on the registry alone, kept for the REGISTRY object they were computed from (the launch
+# checks ask for a register table at every launch): a replaced or grown registry computes them afresh.
+_MEMO: dict[tuple, tuple[list, int, Any]] = {}
+
+
+def _memo(key: tuple, compute: Callable[[], Any]) -> Any:
+    hit = _MEMO.get(key)
+    if hit is None or hit[0] is not REGISTRY or hit[1] != len(REGISTRY):
+        hit = _MEMO[key] = (REGISTRY, len(REGISTRY), compute())
+    return hit[2]
+
+
+@functools.cache
+def _made(item: PerHeadDim, head_dim: int) -> tuple[KernelEntry, ...]:
+    return tuple(item.make(head_dim))
+
+
 def entries(
     head_dims: Iterable[int] = (lm.HD,), backend: str | None = None, where: Callable[[KernelEntry], bool] | None = None
 ) -> list[KernelEntry]:
@@ -395,7 +413,7 @@ def entries(
     out = []
     for item in REGISTRY:
         if isinstance(item, PerHeadDim):
-            out += [e for hd in head_dims for e in item.make(hd) if selected(e) and item.accepts(hd)]
+            out += [e for hd in head_dims for e in _made(item, hd) if selected(e) and item.accepts(hd)]
         elif selected(item):
             out.append(item)
     return out
@@ -403,7 +421,8 @@ def entries(
 
 def find(backend: str, label: str) -> KernelEntry | None:
     """The entry of `backend` called `label` (attention at any head dim the kernels support), None if none is."""
-    return next((e for e in entries(ALL_HEAD_DIMS, backend, lambda e: e.label == label)), None)
+    index = _memo(("find", backend), lambda: {e.label: e for e in entries(ALL_HEAD_DIMS, backend)})
+    return index.get(label)
 
 
 def numba_entries(modules: Iterable[str] | None = None) -> list[KernelEntry]:
@@ -413,10 +432,10 @@ def numba_entries(modules: Iterable[str] | None = None) -> list[KernelEntry]:
 
 
 def register_table(compiler: str) -> dict[str, int]:
-    """Registers per thread of every numba kernel built by `compiler` ({label: registers})."""
+    """Registers per thread of every numba kernel built by `compiler` ({label: registers}; shared: read only)."""
     if compiler not in COMPILERS:
         raise ValueError(f"no register table for compiler {compiler!r}: expected one of {sorted(COMPILERS)}")
-    return {e.label: e.registers[compiler] for e in numba_entries()}
+    return _memo(("registers", compiler), lambda: {e.label: e.registers[compiler] for e in numba_entries()})
 
 
 def traced_by(backend: str, job: str, labels: Iterable[str] | None = None) -> list[str]:

@@ -18,7 +18,7 @@ What is checked, per kernel and compiler:
      `cuda.bindings.nvjitlink`) assembles the PTX to SASS with `-verbose`; its info log
      (ptxas's `-v` report) gives registers per thread, spill stores/loads, stack frame and shared memory.
   3. No spills, and registers per thread <= the kernel's limit. `register_table_problems` compares the
-     registers with the compiler's table in `registers.py` (what the launch checks use).
+     registers with the compiler's table (`registers.registers_for`, from the registry: what the launch checks use).
   4. With `--sass`: no loop keeps a variable in local memory (LDL and STL), and the hot loops keep their budgets
      (`MAX_INSTRUCTIONS_PER_FFMA`, `MAX_PASS_INSTRUCTIONS`), the same for both compilers.
 The pip-installed toolkit is used on purpose: a system `ptxas` may be older and reject newer PTX.
