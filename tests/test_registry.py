@@ -114,6 +114,7 @@ def test_register_tables_cover_every_compiled_numba_kernel():
         table = registers_for(compiler)
         assert set(table) == labels and all(isinstance(n, int) and n > 0 for n in table.values())
     assert compile_check.kernel_modules() == sorted({e.module_path for e in NUMBA})
+    assert registry._NUMBA_DEFAULT_MAX_REGISTERS == compile_check.DEFAULT_MAX_REGISTERS
     with pytest.raises(ValueError, match="no register table for compiler 'nvcc'"):
         registers_for("nvcc")
 
