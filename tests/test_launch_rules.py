@@ -191,7 +191,8 @@ def test_compile_tier_judges_registers_by_the_rule():
     assert nvrtc_check.judge(spec, nvrtc_check.PtxasInfo(registers=72), "sm_90") == []
     (problem,) = nvrtc_check.judge(spec, nvrtc_check.PtxasInfo(registers=80), "sm_90")
     assert "800 threads x 80 registers" in problem  # 64,000 <= 65,536, yet only 24 warps fit
-    assert sources._REG_GEMM_SM90 == 168  # __launch_bounds__(384, 1): what ptxas allots the Hopper GEMM
+    hopper_gemms = {s.max_registers for s in sources.hopper_specs() if s.source == "gemm_bf16_sm90.cu"}
+    assert hopper_gemms == {168}  # __launch_bounds__(384, 1): what ptxas allots the Hopper GEMM
 
 
 def test_numba_attention_register_limits_follow_the_rule():

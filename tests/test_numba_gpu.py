@@ -42,19 +42,17 @@ def test_numba_forward_real_dimensions():
 def test_register_table_holds_for_this_gpus_compiler():
     """The launch checks trust the compiler's table in `registers.KERNEL_REGISTERS` (from nvJitLink in the
     compile tier); the driver compiles the same PTX itself here, and its counts must not exceed the table either."""
-    import importlib
-
+    from moonvit_kernels import registry
     from moonvit_kernels.numba_backend._cuda import COMPILER, cuda
-    from moonvit_kernels.numba_backend.compile_check import kernel_modules
     from moonvit_kernels.numba_backend.registers import registers_for
 
     KERNEL_REGISTERS = registers_for(COMPILER)
 
     over = {}
-    for module in kernel_modules():
-        for fn, signature, *_ in getattr(importlib.import_module(module), "COMPILE_SIGNATURES", []):
-            regs = cuda.jit(signature)(fn).get_regs_per_thread()
-            regs = max(regs.values()) if isinstance(regs, dict) else regs
-            if regs > KERNEL_REGISTERS.get(fn.__name__, 0):
-                over[fn.__name__] = (regs, KERNEL_REGISTERS.get(fn.__name__))
+    for entry in registry.numba_entries():
+        fn = entry.python_function()
+        regs = cuda.jit(entry.numba_signature())(fn).get_regs_per_thread()
+        regs = max(regs.values()) if isinstance(regs, dict) else regs
+        if regs > KERNEL_REGISTERS.get(fn.__name__, 0):
+            over[fn.__name__] = (regs, KERNEL_REGISTERS.get(fn.__name__))
     assert not over, f"(this GPU's registers, table) for kernels above the table: {over}"

@@ -9,7 +9,9 @@ options and the same template instantiations:
 - `compile_options()` the NVRTC options (C++17, `-ftz=true` as CuPy adds it, the include directory for
   `cuda_bf16.h` of the CUDA major the NVRTC in use belongs to);
 - `kernel_specs(head_dims)` every kernel instantiation with its block size, dynamic shared memory
-  and the register bound the compile check asserts (`specs_for(arch)`: those built for one arch);
+  and the register bound the compile check asserts (`specs_for(arch)`: those built for one arch), as
+  `moonvit_kernels.registry` (the one list of every kernel of both backends) holds them; the C++ name
+  and shared-memory helpers below say how a `.cu` template is spelled and sized;
 - `OPTIN_SMEM_PER_BLOCK` / `SUPPORTED_HEAD_DIMS`: the shared memory a block may use per architecture
   and the attention head dims that fit it.
 
@@ -32,8 +34,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from .. import launch_rules
 
 KERNEL_DIR = Path(__file__).resolve().parent
 
@@ -238,7 +238,7 @@ def runtime_options(arch: str, nvrtc_major: int | None = None) -> tuple[str, ...
     return (*compile_options(nvrtc_major), f"--gpu-architecture={arch}", "-Xptxas=-v")
 
 
-# ============================================================================ the catalogue
+# ============================================================================ the catalogue (moonvit_kernels.registry)
 @dataclass(frozen=True)
 class KernelSpec:
     """One kernel instantiation: where it lives, how it is launched, what the compile check asserts."""
@@ -321,11 +321,6 @@ HOPPER_GEMM_USES = (
     ("bfloat16", "gelu_erf"),
 )
 HOPPER_MAX_HEAD_DIM = 128  # flash_attn_sm90: head dims 8..128 in steps of 8
-# __launch_bounds__(384, 1): 168, the most with which 12 warps launch (3 per SM sub-partition, 5,376 registers
-# per warp: `launch_rules`); setmaxnreg redistributes them
-_REG_GEMM_SM90 = launch_rules.max_registers_for(384)
-# __launch_bounds__(256, 2): two blocks of 8 warps share an SM, so each thread may hold what 512 threads can
-_REG_ATTN_SM90 = launch_rules.max_registers_for(2 * 256)
 
 
 def gemm_sm90_name(out: str, epilogue: str, block_n: int = 128) -> str:
@@ -353,45 +348,15 @@ def attention_sm90_smem_bytes(head_dim: int) -> int:
 
 
 def hopper_specs(head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:
-    """The sm_90a instantiations: gemm_bf16_sm90 at both tile widths for the backend's (output, epilogue)
-    pairs, flash_attn_sm90 at those of `head_dims` it supports (<= 128)."""
-    specs = []
-    for bn in HOPPER_GEMM_BLOCK_N:
-        for out, epi in HOPPER_GEMM_USES:
-            specs.append(
-                KernelSpec(
-                    "gemm_bf16_sm90.cu",
-                    gemm_sm90_name(out, epi, bn),
-                    384,
-                    _REG_GEMM_SM90,
-                    gemm_sm90_smem_bytes(bn),
-                    label=f"gemm_bf16_sm90_bn{bn}_{_tag(out)}_{epi}",
-                    archs=(HOPPER_ARCH,),
-                )
-            )
-    for hd in head_dims:
-        if hd <= HOPPER_MAX_HEAD_DIM:
-            specs.append(
-                KernelSpec(
-                    "flash_attn_sm90.cu",
-                    attention_sm90_name(hd),
-                    256,
-                    _REG_ATTN_SM90,
-                    attention_sm90_smem_bytes(hd),
-                    label=f"flash_attn_sm90_hd{hd}",
-                    archs=(HOPPER_ARCH,),
-                )
-            )
-    return specs
+    """The sm_90a instantiations (`moonvit_kernels.registry`): gemm_bf16_sm90 at both tile widths for the
+    backend's (output, epilogue) pairs, flash_attn_sm90 at those of `head_dims` it supports (<= 128)."""
+    from .. import registry
+
+    return [e.spec for e in registry.entries(head_dims, "cuda", lambda e: HOPPER_ARCH in e.archs)]
 
 
 def _type_name(dtype: str) -> str:
     return "float" if dtype == "float32" else BF16
-
-
-def _tag(dtype: str) -> str:
-    """Short dtype tag for labels: "f32" or "bf16"."""
-    return "f32" if dtype == "float32" else "bf16"
 
 
 def rmsnorm_name(in_dtype: str, out_dtype: str) -> str:
@@ -412,63 +377,14 @@ def merge_name(in_dtype: str, out_dtype: str) -> str:
 
 DTYPES = ("float32", "bfloat16")
 
-# Register bounds, from the occupancy each kernel is designed for (`launch_rules`: registers go to warps
-# in units of 256, 16,384 per SM sub-partition): the GEMMs run 256 threads with 2 blocks per SM, 4 warps
-# per sub-partition -> <= 4,096 per warp = 128 per thread. The bf16 attention's shared memory
-# decides its occupancy: at hd 128 a block takes 87,040 B + 1,024 B the system reserves per block,
-# so an SM holds 2 blocks on sm_90 (228 KB = 233,472 B per SM) but only 1 on sm_80 (164 KB =
-# 167,936 B < 2 x 88,064 B) and sm_86/89 (100 KB); 2 blocks of 4 warps at 255 registers (8,192 per
-# warp, 2 warps per sub-partition) fit the register file, so it may use up to 255, the hardware cap (it
-# keeps Q fragments, O and S accumulators in registers). The memory-bound kernels stay small.
-_REG_GEMM_BF16 = 128
-_REG_GEMM_FP32 = 128
-_REG_ATTN_BF16 = 255
-_REG_ATTN_FP32 = 128
-_REG_SMALL = 64
-# sincosf keeps a 28-byte array on the stack for its slow path (|angle| > ~1e5, Payne-Hanek
-# reduction); RoPE angles are < 512 rad and never take it, so that frame is allowed and never touched.
-_STACK_SINCOSF = 32
-
 
 def kernel_specs(head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:
-    """Every instantiation the launchers use, attention at the given head dims: the portable ones, then
-    the sm_90a ones (`hopper_specs`; see `KernelSpec.archs` / `specs_for(arch)`)."""
-    specs: list[KernelSpec] = []
-    for out in DTYPES:
-        for epi in EPILOGUES:
-            label = f"gemm_bf16_tc_{_tag(out)}_{epi}"
-            specs.append(KernelSpec("gemm_bf16.cu", gemm_bf16_name(out, epi), 256, _REG_GEMM_BF16, label=label))
-    for epi in EPILOGUES:
-        specs.append(
-            KernelSpec("gemm_fp32.cu", gemm_fp32_name(epi), 256, _REG_GEMM_FP32, label=f"gemm_fp32_simt_{epi}")
-        )
-    for hd in head_dims:
-        check_head_dim(hd)
-        for dt, bound in (("bfloat16", _REG_ATTN_BF16), ("float32", _REG_ATTN_FP32)):
-            specs.append(
-                KernelSpec(
-                    "attention.cu",
-                    attention_name(hd, dt),
-                    128,
-                    bound,
-                    attention_smem_bytes(hd, dt),
-                    label=f"flash_attn_{_tag(dt)}_hd{hd}",
-                )
-            )
-    for i in DTYPES:
-        for o in DTYPES:
-            pair = f"{_tag(i)}_{_tag(o)}"
-            specs.append(KernelSpec("rmsnorm.cu", rmsnorm_name(i, o), 256, _REG_SMALL, label=f"rmsnorm_rows_{pair}"))
-            specs.append(KernelSpec("merge.cu", merge_name(i, o), 256, _REG_SMALL, label=f"tpool_merge_{pair}"))
-    for dt in DTYPES:
-        specs.append(
-            KernelSpec(
-                "rope.cu", rope_name(dt), 256, _REG_SMALL, max_stack=_STACK_SINCOSF, label=f"rope_2d_inplace_{_tag(dt)}"
-            )
-        )
-    for mode in ("bilinear", "bicubic"):
-        specs.append(KernelSpec("pos_emb.cu", pos_emb_name(mode), 256, _REG_SMALL, label=f"add_pos_emb_{mode}"))
-    return specs + hopper_specs(head_dims)
+    """Every instantiation the launchers use, attention at the given head dims, as `moonvit_kernels.registry`
+    lists them (with their register bounds and why): the portable ones, then the sm_90a ones (`hopper_specs`;
+    see `KernelSpec.archs` / `specs_for(arch)`). ValueError for a head dim no GPU supports."""
+    from .. import registry
+
+    return [e.spec for e in registry.entries(head_dims, "cuda")]
 
 
 def specs_for(arch: str, head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:

@@ -298,17 +298,6 @@ def register_limit(threads_per_block: int) -> int:
     return launch_rules.max_registers_for(threads_per_block)
 
 
-# Kernels checked by the compile tier (`compile_check`): the real K3 head_dim (128) with the
-# default launch shapes, and the tiny config's head_dim (24, not a tile multiple); third entry:
-# the register limit of the launch shape.
-COMPILE_SIGNATURES = [
-    (make_attention_v1(hd, V1_THREADS), SIGNATURE_V1, register_limit(V1_THREADS)) for hd in (128, 24)
-] + [
-    (make_attention_v2(hd, V2_BLOCK_Q, V2_BLOCK_K), SIGNATURE_V2, register_limit(V2_BLOCK_Q * V2_BLOCK_K))
-    for hd in (128, 24)
-]
-
-
 # ============================================================================ host-side tables and checks
 def check_cu_seqlens(cu_seqlens: Any, num_tokens: int) -> np.ndarray:
     """Validate `cu_seqlens [N + 1]` int32 (starts at 0, never decreases, ends at `num_tokens`); host copy."""

@@ -18,18 +18,16 @@ What is checked, per kernel and compiler:
      `cuda.bindings.nvjitlink`) assembles the PTX to SASS with `-verbose`; its info log
      (ptxas's `-v` report) gives registers per thread, spill stores/loads, stack frame and shared memory.
   3. No spills, and registers per thread <= the kernel's limit. `register_table_problems` compares the
-     registers with the compiler's table in `registers.py` (what the launch checks use).
+     registers with the compiler's table (`registers.registers_for`, from the registry: what the launch checks use).
   4. With `--sass`: no loop keeps a variable in local memory (LDL and STL), and the hot loops keep their budgets
      (`MAX_INSTRUCTIONS_PER_FFMA`, `MAX_PASS_INSTRUCTIONS`), the same for both compilers.
 The pip-installed toolkit is used on purpose: a system `ptxas` may be older and reject newer PTX.
 
-Which kernels: every module of this package that defines
-    COMPILE_SIGNATURES = [(python_function, "signature"), ...]
-where `python_function` is the kernel's Python function (`dispatcher.py_func` for an `@cuda.jit`
-kernel) and the signature is numba's, e.g. `"void(float32[:, ::1], int32)"`. An optional third
-element sets the kernel's register limit (default DEFAULT_MAX_REGISTERS). A useful limit is
-`launch_rules.max_registers_for(threads_per_block)`: above it the block cannot launch (registers go to
-warps in units of 256 and to each of an SM's 4 sub-partitions; 168 for 384 threads, not 170).
+Which kernels: every numba entry of `moonvit_kernels.registry` (`KernelEntry.python_function()` with the
+signature its module holds, `KernelEntry.numba_signature()`), each held to its entry's `max_registers`
+(`launch_rules.max_registers_for(threads_per_block)` where the launch shape needs fewer than
+DEFAULT_MAX_REGISTERS: above it the block cannot launch; registers go to warps in units of 256 and to each
+of an SM's 4 sub-partitions, so 168 for 384 threads, not 170).
 
 The simulator must be off in this process (`NUMBA_ENABLE_CUDASIM` unset or 0): `main` removes the
 variable before numba is first imported, so the tests run this module in a subprocess.
@@ -43,7 +41,6 @@ import contextlib
 import importlib
 import json
 import os
-import pkgutil
 import re
 import subprocess
 import sys
@@ -57,7 +54,6 @@ TARGET_CC = (9, 0)
 ARCHES = {"sm_80": (8, 0), "sm_89": (8, 9), "sm_90": (9, 0)}
 DEFAULT_MAX_REGISTERS = 128
 PACKAGE = "moonvit_kernels.numba_backend"
-SKIP_MODULES = {"compile_check"}
 
 # SASS budgets of innermost loops (`--sass`; measured on sm_90, compile-only, model, no GPU), per compiler
 # (today the same for both):
@@ -304,13 +300,14 @@ def parse_arch(arch: str) -> tuple[int, int]:
 
 
 def kernel_modules() -> list[str]:
-    """Names of the modules of this package (other than this one), sorted."""
-    package = importlib.import_module(PACKAGE)
-    return sorted(f"{PACKAGE}.{m.name}" for m in pkgutil.iter_modules(package.__path__) if m.name not in SKIP_MODULES)
+    """Names of the modules holding the registry's numba kernels, sorted."""
+    from .. import registry
+
+    return sorted({e.module_path for e in registry.numba_entries()})
 
 
 def check_all(modules: Sequence[str] | None = None, cc: tuple[int, int] = TARGET_CC) -> list[KernelReport]:
-    """Compile every `COMPILE_SIGNATURES` entry of `modules` (default: all kernel modules)."""
+    """Compile every registry numba kernel of `modules` (full module names; default: all of them)."""
     return [report for report, _ in _build_all(modules, cc)]
 
 
@@ -392,21 +389,20 @@ def _add_loops(built: list[tuple[KernelReport, bytes | None]]) -> None:
 
 
 def _build_all(modules: Sequence[str] | None, cc: tuple[int, int]) -> list[tuple[KernelReport, bytes | None]]:
+    from .. import registry
+
     built: list[tuple[KernelReport, bytes | None]] = []
-    for name in modules if modules is not None else kernel_modules():
-        short = name.rsplit(".", 1)[-1]
+    broken: set[str] = set()  # modules that do not import: one report each
+    for entry in registry.numba_entries(modules):
+        if entry.module in broken:
+            continue
         try:
-            module = importlib.import_module(name)
+            fn, signature = entry.python_function(), entry.numba_signature()
         except Exception as e:
-            built.append((KernelReport(short, "<import>", "", 0, error=f"{type(e).__name__}: {e}"[:500]), None))
+            broken.add(entry.module)
+            built.append((KernelReport(entry.module, "<import>", "", 0, error=f"{type(e).__name__}: {e}"[:500]), None))
             continue
-        entries = getattr(module, "COMPILE_SIGNATURES", None)
-        if entries is None:
-            continue
-        for entry in entries:
-            fn, signature, *rest = entry
-            limit = rest[0] if rest else DEFAULT_MAX_REGISTERS
-            built.append(build_kernel(fn, signature, limit, short, cc))
+        built.append(build_kernel(fn, signature, entry.max_registers, entry.module, cc))
     _disambiguate([report for report, _ in built])
     return built
 
@@ -455,7 +451,8 @@ def format_table(reports: Sequence[KernelReport], cc: tuple[int, int] = TARGET_C
 
 
 def register_table_problems(reports: Sequence[KernelReport]) -> list[str]:
-    """Kernels missing from their compiler's table in `registers.py`, or above it (the launch checks read it)."""
+    """Kernels missing from their compiler's register table (`registers.registers_for`, from the registry), or
+    above it (the launch checks read it)."""
     from .registers import registers_for
 
     out = []
@@ -465,7 +462,9 @@ def register_table_problems(reports: Sequence[KernelReport]) -> list[str]:
         table = registers_for(r.compiler)
         stored = table.get(r.kernel)
         if stored is None:
-            out.append(f"{r.compiler}: {r.kernel} is missing from registers.KERNEL_REGISTERS[{r.compiler!r}]")
+            out.append(
+                f"{r.compiler}: {r.kernel} has no registry entry with its registers (moonvit_kernels/registry.py)"
+            )
         elif r.registers > stored:
             out.append(
                 f"{r.compiler}: {r.kernel} uses {r.registers} registers, the table holds {stored}: regenerate it"

@@ -228,8 +228,6 @@ _MAKERS = {1: _make_gemm_v1, 2: _make_gemm_v2, 3: _make_gemm_v3}
 # KERNELS[(version, epilogue)] -> the compiled-on-demand kernel.
 KERNELS = {(v, ep): _MAKERS[v](ep) for v in VERSIONS for ep in EPILOGUES}
 
-COMPILE_SIGNATURES = [(kernel.py_func, SIGNATURE) for kernel in KERNELS.values()]
-
 
 def launch_config(version: int, M: int, N: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """`(blocks, threads)` of a version for an M x N output; x runs over columns."""

@@ -30,9 +30,6 @@ def first_nonfinite_row_kernel(x, first):
             cuda.atomic.min(first, 0, row)
 
 
-COMPILE_SIGNATURES = [(first_nonfinite_row_kernel.py_func, SIGNATURE)]
-
-
 def first_nonfinite_row(x: Any) -> int:
     """Index of the first row of the device matrix `x [rows, cols]` (float32) holding NaN or Inf; -1 if none."""
     rows, cols = check_array("x", x, ndim=2)

@@ -62,9 +62,6 @@ def merge_gather_kernel(x, items, out, n_items, M_total, D, kh, kw):
         out[m, col] = acc * inv_t
 
 
-COMPILE_SIGNATURES = [(merge_gather_kernel.py_func, SIGNATURE)]
-
-
 def check_merge_table(items: np.ndarray, L: int, kh: int, kw: int) -> int:
     """Validate a host `items [N, 5]` table against L tokens and (kh, kw); returns M_total."""
     t, h, w = (items[:, k].astype(np.int64) for k in range(3))

@@ -127,7 +127,6 @@ def _make_kernel(mode: str) -> Any:
 
 
 KERNELS = {mode: _make_kernel(mode) for mode in MODES}
-COMPILE_SIGNATURES = [(kernel.py_func, SIGNATURE) for kernel in KERNELS.values()]
 
 
 def check_item_table(items: Any, L: int, max_frames: int) -> None:

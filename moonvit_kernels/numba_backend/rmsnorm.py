@@ -61,9 +61,6 @@ def kernel_for(threads: int) -> Any:
     return jit_named(rmsnorm_kernel, f"rmsnorm_kernel_t{threads}")
 
 
-COMPILE_SIGNATURES = [(kernel_for(t).py_func, SIGNATURE) for t in BLOCK_SIZES]
-
-
 def rmsnorm(
     x: Any,
     weight: Any,

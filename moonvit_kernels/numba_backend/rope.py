@@ -101,9 +101,6 @@ def rope2d_kernel(qkv, grid_thws, cu_seqlens, n_items, L, heads, head_dim):
         d0 = uint32(d0 + cuda.blockDim.x)
 
 
-COMPILE_SIGNATURES = [(rope2d_kernel.py_func, SIGNATURE)]
-
-
 def check_packed_tables(grid_thws: np.ndarray, cu_seqlens: np.ndarray, L: int) -> None:
     """Validate host tables: t, h, w >= 1, h, w <= 512 (the RoPE grid limit), cu_seqlens the
     running sum of t·h·w from 0, ending at L."""

@@ -84,13 +84,15 @@ def run_numba_traces(patterns: Sequence[str], cache_dir: str | None = None) -> t
 
     if not config.ENABLE_CUDASIM:
         return {}, ["numba runs without its CUDA simulator in this process: numba traces skipped"]
+    from moonvit_kernels import registry
+
     from . import build, catalogue, jobs_numba
     from .report import wanted
 
     labels = [b.label for b in build.binaries("numba", "sm_90", cache_dir)]
     out = {}
     for job in jobs_numba.jobs():
-        mine = [lb for lb in labels if jobs_numba.matches(job, lb)]
+        mine = registry.traced_by("numba", job.name, labels)
         mine = [lb for lb in mine if wanted(lb, catalogue.describe("numba", lb).family, patterns)]
         if not mine:
             continue

@@ -55,7 +55,7 @@ class Binary:
 
 def sources_digest(backend: str, extra: str = "") -> str:
     """A digest of one backend's kernel sources (numba modules; or .cu/.cuh files, their catalogue and
-    the NVRTC tier), of this module and of the tool versions."""
+    the NVRTC tier), of the kernel registry, of this module and of the tool versions."""
     h = hashlib.sha256(extra.encode())
     if backend == "numba":
         files = sorted((PACKAGE_DIR / "numba_backend").glob("*.py"))
@@ -64,6 +64,7 @@ def sources_digest(backend: str, extra: str = "") -> str:
             PACKAGE_DIR / "cuda_backend" / "sources.py",
             PACKAGE_DIR / "cuda_backend" / "nvrtc_check.py",
         ]
+    files.append(PACKAGE_DIR / "registry.py")  # what is built, with which bounds
     for path in [*files, Path(__file__)]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
@@ -191,16 +192,15 @@ def _build_selected_into(arch: str, out: Path, request: dict) -> None:
     """Build chosen package kernels (`labels`) and/or functions of a Python file (`file`, `entries`)."""
     import importlib.util
 
+    from moonvit_kernels import registry
     from moonvit_kernels.numba_backend import compile_check
 
-    todo = []
     wanted_labels = set(request.get("labels", ()))
-    if wanted_labels:
-        for name in compile_check.kernel_modules():
-            module = importlib.import_module(name)
-            for fn, signature, *rest in getattr(module, "COMPILE_SIGNATURES", ()):
-                if fn.__name__ in wanted_labels:
-                    todo.append((fn, signature, rest[0] if rest else compile_check.DEFAULT_MAX_REGISTERS))
+    todo = [
+        (e.python_function(), e.numba_signature(), e.max_registers)
+        for e in registry.numba_entries()
+        if e.label in wanted_labels
+    ]
     if request.get("file"):
         spec = importlib.util.spec_from_file_location("xray_snippet", request["file"])
         module = importlib.util.module_from_spec(spec)

@@ -11,7 +11,6 @@ tiles for attention) of full tiles, with random data.
 from __future__ import annotations
 
 import ctypes
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,8 +21,7 @@ from . import trace
 
 @dataclass
 class CudaTraceJob:
-    name: str
-    labels: str  # regex over CUDA C cubin labels
+    name: str  # the registry's `trace_job` of the kernels it stands for
     setup: str
     run: Callable[[], list[tuple]]
 
@@ -143,25 +141,19 @@ def _merge() -> list[tuple]:
 
 def jobs() -> list[CudaTraceJob]:
     return [
-        CudaTraceJob("gemm_fp32_simt", r"gemm_fp32_simt_\w+", "M=N=64, K=32 (1 block), epilogue residual", _gemm_fp32),
-        CudaTraceJob("gemm_bf16_tc", r"gemm_bf16_tc_\w+", "M=N=128, K=64 (1 block), fp32 out, no epilogue", _gemm_bf16),
-        CudaTraceJob(
-            "flash_attn_f32", r"flash_attn_f32_hd128", "hd 128, 1 query tile, 2 key tiles", lambda: _attention("f32")
-        ),
-        CudaTraceJob(
-            "flash_attn_bf16", r"flash_attn_bf16_hd128", "hd 128, 1 query tile, 2 key tiles", lambda: _attention("bf16")
-        ),
-        CudaTraceJob("rmsnorm_rows_f32", r"rmsnorm_rows_f32_f32", "one row of D=1024, fp32", lambda: _rmsnorm("f32")),
-        CudaTraceJob(
-            "rmsnorm_rows_bf16", r"rmsnorm_rows_bf16_bf16", "one row of D=1024, bf16", lambda: _rmsnorm("bf16")
-        ),
-        CudaTraceJob("tpool_merge_f32", r"tpool_merge_f32_f32", "one merged token, D=1024", _merge),
+        CudaTraceJob("gemm_fp32_simt", "M=N=64, K=32 (1 block), epilogue residual", _gemm_fp32),
+        CudaTraceJob("gemm_bf16_tc", "M=N=128, K=64 (1 block), fp32 out, no epilogue", _gemm_bf16),
+        CudaTraceJob("flash_attn_f32", "hd 128, 1 query tile, 2 key tiles", lambda: _attention("f32")),
+        CudaTraceJob("flash_attn_bf16", "hd 128, 1 query tile, 2 key tiles", lambda: _attention("bf16")),
+        CudaTraceJob("rmsnorm_rows_f32", "one row of D=1024, fp32", lambda: _rmsnorm("f32")),
+        CudaTraceJob("rmsnorm_rows_bf16", "one row of D=1024, bf16", lambda: _rmsnorm("bf16")),
+        CudaTraceJob("tpool_merge_f32", "one merged token, D=1024", _merge),
     ]
 
 
 def run_all(patterns: Sequence[str] = (), log=print) -> tuple[dict, list[str]]:
     """({("cuda", cubin label): TraceResult}, notes) for the traced CUDA C kernels matching `patterns`."""
-    from moonvit_kernels.cuda_backend import sources
+    from moonvit_kernels import registry
 
     from .catalogue import describe
     from .report import wanted
@@ -173,13 +165,10 @@ def run_all(patterns: Sequence[str] = (), log=print) -> tuple[dict, list[str]]:
             return {}, ["CUDA C kernels: no C++ compiler, so no emulator traces"]
     except Exception as e:
         return {}, [f"CUDA C kernels: emulator unavailable ({e})"]
-    labels = [s.label for s in sources.kernel_specs((128,))]
     out: dict = {}
     notes = ["CUDA C traces cover the GEMMs, flash attention (hd 128), RMSNorm and merge; RoPE and pos-emb untraced"]
     for job in jobs():
-        mine = [
-            lb for lb in labels if re.fullmatch(job.labels, lb) and wanted(lb, describe("cuda", lb).family, patterns)
-        ]
+        mine = [lb for lb in registry.traced_by("cuda", job.name) if wanted(lb, describe("cuda", lb).family, patterns)]
         if not mine:
             continue
         log(f"[xray] tracing {job.name} on the CPU emulator ({job.setup})")

@@ -2,14 +2,13 @@
 
 Each job launches the kernel exactly as its launcher does (block shape, K3 head_dim 128, the K3
 block size of the memory-bound kernels) on the fewest blocks that show a full warp pattern: full
-tiles (so no lane is masked by an edge), one or two blocks, random data. `TraceJob.labels` is a
-regular expression of the cubin labels the trace stands for (every epilogue of one GEMM version
-shares its loads; the epilogue traced is `residual`, which also reads R).
+tiles (so no lane is masked by an edge), one or two blocks, random data. A job stands for the
+kernels whose registry entry names it as `trace_job` (`moonvit_kernels.registry`: every epilogue of
+one GEMM version shares its loads; the epilogue traced is `residual`, which also reads R).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +20,7 @@ from . import trace
 
 @dataclass
 class TraceJob:
-    name: str
-    labels: str  # regex over numba cubin labels
+    name: str  # the registry's `trace_job` of the kernels it stands for
     setup: str  # what was launched, for the report
     launch: Callable[[], tuple[Any, Any, Any, list, list[str], Callable[[], bool] | None]]
 
@@ -50,7 +48,7 @@ def _gemm_job(version: int, M: int, N: int, K: int) -> TraceJob:
 
         return gemm.KERNELS[(version, "residual")], blocks, threads, args, ["A", "B", "R", "C", "M", "N", "K"], ok
 
-    return TraceJob(f"gemm_v{version}", rf"gemm_v{version}_\w+", f"M={M}, N={N}, K={K}, epilogue residual", launch)
+    return TraceJob(f"gemm_v{version}", f"M={M}, N={N}, K={K}, epilogue residual", launch)
 
 
 def _qkv(rng: np.random.Generator, L: int, H: int, hd: int) -> np.ndarray:
@@ -77,9 +75,7 @@ def _attention_v1_job(hd: int, L: int) -> TraceJob:
             None,
         )
 
-    return TraceJob(
-        "attention_v1", rf"attention_v1_hd{hd}_t\d+", f"hd={hd}, one item of L={L} keys, query row 0 (1 block)", launch
-    )
+    return TraceJob("attention_v1", f"hd={hd}, one item of L={L} keys, query row 0 (1 block)", launch)
 
 
 def _attention_v2_job(hd: int, L: int) -> TraceJob:
@@ -98,9 +94,7 @@ def _attention_v2_job(hd: int, L: int) -> TraceJob:
         args = [qkv, cu, tiles, o, lse, scale]
         return kernel, (1, 1), (bk, bq), args, ["qkv", "cu_seqlens", "tiles", "o", "lse", ""], None
 
-    return TraceJob(
-        "attention_v2", rf"attention_v2_hd{hd}_q\d+_k\d+", f"hd={hd}, one item of L={L}, first query tile", launch
-    )
+    return TraceJob("attention_v2", f"hd={hd}, one item of L={L}, first query tile", launch)
 
 
 def _rmsnorm_job(cols: int) -> TraceJob:
@@ -114,7 +108,7 @@ def _rmsnorm_job(cols: int) -> TraceJob:
         args = [x, w, out, rstd, np.int32(1), np.int32(cols), np.float32(1e-6)]
         return rmsnorm.kernel_for(t), 1, t, args, ["x", "weight", "out", "rstd", "", "", ""], None
 
-    return TraceJob("rmsnorm", r"rmsnorm_kernel_t\d+", f"one row of D={cols}, 256 threads", launch)
+    return TraceJob("rmsnorm", f"one row of D={cols}, 256 threads", launch)
 
 
 def _rope_job(heads: int, hd: int) -> TraceJob:
@@ -128,7 +122,7 @@ def _rope_job(heads: int, hd: int) -> TraceJob:
         args = [qkv, g, cu, np.int32(1), np.int32(2), np.int32(heads), np.int32(hd)]
         return rope.rope2d_kernel, 1, 128, args, ["qkv", "grid_thws", "cu_seqlens", "", "", "", ""], None
 
-    return TraceJob("rope", r"rope2d_kernel", f"token 0 of 2, H={heads}, hd={hd}, 128 threads", launch)
+    return TraceJob("rope", f"token 0 of 2, H={heads}, hd={hd}, 128 threads", launch)
 
 
 def _merge_job(D: int) -> TraceJob:
@@ -143,7 +137,7 @@ def _merge_job(D: int) -> TraceJob:
         args = [x, items, out, np.int32(1), np.int32(1), np.int32(D), np.int32(2), np.int32(2)]
         return merge.merge_gather_kernel, 1, 128, args, ["x", "items", "out", "", "", "", "", ""], None
 
-    return TraceJob("merge", r"merge_gather_kernel", f"one merged token, D={D}, 128 threads", launch)
+    return TraceJob("merge", f"one merged token, D={D}, 128 threads", launch)
 
 
 def _pos_emb_job(mode: str, D: int) -> TraceJob:
@@ -160,7 +154,7 @@ def _pos_emb_job(mode: str, D: int) -> TraceJob:
         names = ["x", "pos_weight", "time", "items", "", "", "", "", ""]
         return pos_emb.KERNELS[mode], 1, 128, args, names, None
 
-    return TraceJob(f"pos_emb_{mode}", rf"add_pos_emb_{mode}", f"token 0 of a 2x2 item, 8x8 grid, D={D}", launch)
+    return TraceJob(f"pos_emb_{mode}", f"token 0 of a 2x2 item, 8x8 grid, D={D}", launch)
 
 
 def jobs() -> list[TraceJob]:
@@ -192,7 +186,3 @@ def run(job: TraceJob) -> trace.TraceResult:
     except Exception as e:  # a kernel the tracer cannot run is reported, not fatal
         result.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
     return result
-
-
-def matches(job: TraceJob, label: str) -> bool:
-    return re.fullmatch(job.labels, label) is not None

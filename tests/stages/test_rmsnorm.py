@@ -102,8 +102,12 @@ class TestNumba:
         R.rmsnorm(x_host, w, 1e-5, out=x_host)
         assert_close(x_host, reference.rmsnorm(x.astype(np.float64), w.astype(np.float64), 1e-5), 1e-5, 1e-6)
 
-    def test_compile_signatures_cover_every_block_size(self):
-        assert len(R.COMPILE_SIGNATURES) == len(R.BLOCK_SIZES)
+    def test_compile_tier_builds_every_block_size(self):
+        from moonvit_kernels import registry
+
+        built = [e.python_function() for e in registry.numba_entries() if e.stage == "rmsnorm"]
+        assert [fn.__name__ for fn in built] == [f"rmsnorm_kernel_t{t}" for t in R.BLOCK_SIZES]
+        assert all(fn is R.kernel_for(t).py_func for fn, t in zip(built, R.BLOCK_SIZES, strict=True))
 
     def test_launcher_rejects_bad_arguments(self):
         x, w = data(7, 37, seed=4)

@@ -1,0 +1,221 @@
+"""The kernel registry (`moonvit_kernels.registry`): every entry points at real code, and every tool's list of
+kernels (the CUDA C catalogue, the numba compile tier, the register tables, the X-ray's models and traces)
+is derived from it, so adding an entry is all it takes."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from moonvit_kernels import launch_model as lm
+from moonvit_kernels import launch_rules, registry
+from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.cuda_backend import sources
+from moonvit_kernels.numba_backend import compile_check
+from moonvit_kernels.numba_backend.registers import registers_for
+from moonvit_kernels.xray import catalogue, emulator_trace, jobs_numba
+
+EVERY = registry.entries(registry.ALL_HEAD_DIMS)
+CUDA = [e for e in EVERY if e.backend == "cuda"]
+NUMBA = [e for e in EVERY if e.backend == "numba"]
+
+
+# ============================================================================ entries point at real code
+@pytest.mark.parametrize("entry", CUDA, ids=lambda e: e.label)
+def test_cuda_entry_names_a_kernel_of_its_source(entry):
+    assert (sources.KERNEL_DIR / entry.source).is_file()
+    base = re.fullmatch(r"(\w+)<.*>", entry.name).group(1)
+    declared = re.search(rf"__global__[^{{;]*?\b{base}\s*\(", sources.load_source(entry.source))
+    assert declared, f"{entry.source} declares no __global__ {base}"
+
+
+@pytest.mark.parametrize("entry", NUMBA, ids=lambda e: e.label)
+def test_numba_entry_names_its_kernel_and_signature(entry):
+    fn = entry.python_function()
+    assert fn.__name__ == entry.label  # cubins, X-ray rows and register tables are named by it
+    assert entry.numba_signature().startswith("void(")
+    assert callable(fn) and not hasattr(fn, "py_func")
+
+
+def test_numba_launch_shapes_match_their_modules():
+    from moonvit_kernels.numba_backend import attention, gemm, pos_emb, rmsnorm
+
+    by_label = {e.label: e for e in NUMBA}
+    v1 = by_label[f"attention_v1_hd128_t{attention.V1_THREADS}"]
+    v2 = by_label[f"attention_v2_hd128_q{attention.V2_BLOCK_Q}_k{attention.V2_BLOCK_K}"]
+    assert v1.threads == attention.V1_THREADS and v2.threads == attention.V2_BLOCK_Q * attention.V2_BLOCK_K
+    assert (v1.max_registers, v2.max_registers) == (attention.register_limit(128), attention.register_limit(512))
+    for v in gemm.VERSIONS:
+        _, block = gemm.launch_config(v, 100, 100)
+        assert {by_label[f"gemm_v{v}_{ep}"].threads for ep in gemm.EPILOGUES} == {block[0] * block[1]}
+    assert {e.label for e in NUMBA if e.stage == "rmsnorm"} == {f"rmsnorm_kernel_t{t}" for t in rmsnorm.BLOCK_SIZES}
+    assert {e.label for e in NUMBA if e.stage == "pos_emb"} == {f"add_pos_emb_{m}" for m in pos_emb.MODES}
+
+
+def test_labels_are_unique_within_a_backend():
+    for backend in registry.BACKENDS:
+        labels = [e.label for e in EVERY if e.backend == backend]
+        assert len(labels) == len(set(labels)), backend
+    names = [e.name for e in CUDA]
+    assert len(names) == len(set(names))
+
+
+def test_register_bounds_let_the_launch_shape_launch():
+    for e in EVERY:
+        assert launch_rules.register_problem(e.max_registers, e.threads) is None, e.label
+        assert e.check in registry.STAGES and e.stage in registry.STAGES
+    for e in NUMBA:  # the launch checks' numbers stay within what the compile tier allows
+        assert all(n <= e.max_registers for n in e.registers.values()), e.label
+
+
+def test_k3_sizes_come_from_the_k3_config():
+    k3 = VisionConfig.k3()
+    assert (lm.D, lm.Q, lm.HEADS, lm.HD, lm.MLP) == (1024, 1536, 12, 128, 4096) == (
+        k3.vt_hidden_size, k3.qkv_hidden_size, k3.vt_num_attention_heads, k3.head_dim, k3.vt_intermediate_size
+    )  # fmt: skip
+    assert (lm.L, lm.MERGED, lm.MERGED_W, lm.PATCH_K, lm.TEXT) == (4096, 1024, 4096, 588, 7168)
+    assert catalogue.L is lm.L and catalogue.GEMM_SHAPES is lm.GEMM_SHAPES
+
+
+# ============================================================================ what derives from it
+def test_cuda_catalogue_is_the_registry():
+    for head_dims in ((128,), (128, 24, 240), (64, 136)):
+        assert sources.kernel_specs(head_dims) == [e.spec for e in registry.entries(head_dims, "cuda")]
+    hopper = sources.hopper_specs((128, 136, 24))
+    assert [s.label for s in hopper if s.source == "flash_attn_sm90.cu"] == [
+        "flash_attn_sm90_hd128",
+        "flash_attn_sm90_hd24",
+    ]
+    assert sources.specs_for("sm_90a", (128, 136, 24)) == hopper
+    with pytest.raises(ValueError, match="multiple of 8 in 8..240"):
+        sources.kernel_specs((12,))
+
+
+def test_every_entry_has_its_catalogue_model():
+    for e in EVERY:
+        info = catalogue.describe(e.backend, e.label)
+        assert (info.family, info.version, info.specialisation) == (e.stage, e.version, e.specialisation), e.label
+        assert (info.threads, info.dynamic_shared) == (e.threads, e.dynamic_smem), e.label
+        assert dataclasses.asdict(e.model) == {f.name: getattr(info, f.name) for f in dataclasses.fields(lm.Model)}
+        assert info.k3 == (info.flops is not None) or e.stage == "rmsnorm", e.label  # rmsnorm t32..128: not K3
+    launched = catalogue.describe("cuda", "gemm_bf16_tc_f32_none", 128, 4096)  # a build's own launch shape wins
+    assert (launched.threads, launched.dynamic_shared) == (128, 4096)
+    unknown = catalogue.describe("cuda", "gemm_bf16_tc_f16_none")
+    assert unknown.family == "other" and unknown.flops is None and unknown.threads == 256
+    assert registry.find("numba", "flash_attn_bf16_hd24") is None and registry.find("cuda", "flash_attn_bf16_hd24")
+    assert registry.find("cuda", "flash_attn_sm90_hd136") is None  # flash_attn_sm90 stops at hd 128
+
+
+def test_register_tables_cover_every_compiled_numba_kernel():
+    labels = {e.label for e in NUMBA}
+    for compiler in registry.COMPILERS:
+        table = registers_for(compiler)
+        assert set(table) == labels and all(isinstance(n, int) and n > 0 for n in table.values())
+    assert compile_check.kernel_modules() == sorted({e.module_path for e in NUMBA})
+    assert registry._NUMBA_DEFAULT_MAX_REGISTERS == compile_check.DEFAULT_MAX_REGISTERS
+    with pytest.raises(ValueError, match="no register table for compiler 'nvcc'"):
+        registers_for("nvcc")
+
+
+def test_trace_jobs_and_registry_name_each_other():
+    for backend, jobs in (("numba", jobs_numba.jobs()), ("cuda", emulator_trace.jobs())):
+        names = {j.name for j in jobs}
+        named = {e.trace_job for e in registry.entries(backend=backend) if e.trace_job}
+        assert names == named, backend
+        for job in names:
+            assert registry.traced_by(backend, job)
+    assert registry.traced_by("numba", "attention_v2") == ["attention_v2_hd128_q32_k16"]  # K3's head dim only
+    assert registry.traced_by("cuda", "gemm_bf16_tc", ["gemm_bf16_tc_f32_none", "gemm_fp32_simt_none", "x"]) == [
+        "gemm_bf16_tc_f32_none"
+    ]
+
+
+def test_adding_an_entry_is_all_it_takes(monkeypatch):
+    """One appended entry per backend reaches the CUDA C catalogue, the compile list, the register tables,
+    the X-ray's model and its trace job, with no other list edited."""
+    cuda_new = registry.KernelEntry(
+        "cuda", "rmsnorm", "CUDA v2", "rmsnorm_rows_v2_f32_f32", 128, 96, lm.rmsnorm(4, 4).but(formula="new"),
+        source="rmsnorm.cu", name="rmsnorm_rows<float, float>", max_stack=16, trace_job="rmsnorm_rows_f32",
+    )  # fmt: skip
+    numba_new = registry.KernelEntry(
+        "numba", "rope", "v2", "rope2d_kernel_v2", 96, 120, lm.rope(4).but(formula="newer"), module="rope",
+        kernel="rope2d_kernel", signature="SIGNATURE", registers={"numba-cuda": 41, "numba-cuda-mlir": 43},
+        trace_job="rope",
+    )  # fmt: skip
+    monkeypatch.setattr(registry, "REGISTRY", [*registry.REGISTRY, numba_new, cuda_new])
+
+    assert cuda_new.spec in sources.kernel_specs() and cuda_new.spec in sources.specs_for("sm_80")
+    assert cuda_new.spec not in sources.hopper_specs() and cuda_new.spec.max_stack == 16
+    assert registers_for("numba-cuda-mlir")["rope2d_kernel_v2"] == 43
+    assert catalogue.describe("cuda", "rmsnorm_rows_v2_f32_f32").formula == "new"
+    assert catalogue.describe("numba", "rope2d_kernel_v2").threads == 96
+    assert "rmsnorm_rows_v2_f32_f32" in registry.traced_by("cuda", "rmsnorm_rows_f32")
+    assert registry.traced_by("numba", "rope", ["rope2d_kernel_v2"]) == ["rope2d_kernel_v2"]
+
+    built = []
+
+    def fake_build(fn, signature, max_registers, module, cc):
+        built.append((module, fn.__name__, signature, max_registers))
+        return compile_check.KernelReport(module, fn.__name__, signature, max_registers), None
+
+    monkeypatch.setattr(compile_check, "build_kernel", fake_build)
+    compile_check._build_all(["moonvit_kernels.numba_backend.rope"], (9, 0))
+    from moonvit_kernels.numba_backend import rope
+
+    assert built == [("rope", "rope2d_kernel", rope.SIGNATURE, 128), ("rope", "rope2d_kernel", rope.SIGNATURE, 120)]
+
+
+def test_a_module_that_does_not_import_is_one_report(monkeypatch):
+    broken = registry.KernelEntry(
+        "numba", "rope", "v9", "rope9_kernel", 128, 64, lm.rope(4), module="no_such_module", kernel="k",
+        signature="SIGNATURE", registers={"numba-cuda": 1, "numba-cuda-mlir": 1},
+    )  # fmt: skip
+    monkeypatch.setattr(registry, "REGISTRY", [broken, dataclasses.replace(broken, label="rope9_kernel_b")])
+    (report,) = compile_check.check_all()
+    assert report.kernel == "<import>" and "ModuleNotFoundError" in report.error and not report.ok
+
+
+# ============================================================================ bad entries are refused
+def _entry(**changes):
+    fields = dict(backend="cuda", stage="gemm", version="v", label="k", threads=128, max_registers=64,
+                  model=lm.Model(), source="gemm_fp32.cu", name="gemm_fp32_simt<0>")  # fmt: skip
+    return registry.KernelEntry(**{**fields, **changes})
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"backend": "triton"}, r"registry entry k: backend 'triton' is not one of \('numba', 'cuda'\)"),
+        ({"stage": "softmax"}, "stage 'softmax' is not one of"),
+        ({"label": "gemm/v3"}, "the label must be letters, digits and underscores"),
+        ({"label": ""}, r"registry entry \(no label\): the label must be"),
+        ({"threads": 0}, "threads=0 must be >= 1, max_registers 1..255"),
+        ({"max_registers": 256}, "max_registers 1..255"),
+        ({"source": "gemm_fp16.cu"}, "a CUDA C entry needs a source in"),
+        ({"name": ""}, "a CUDA C entry needs a source in .* and a C\\+\\+ name"),
+        ({"backend": "numba"}, "a numba entry needs its module, kernel and signature attributes"),
+        (
+            {"backend": "numba", "module": "rope", "kernel": "rope2d_kernel", "signature": "SIGNATURE",
+             "registers": {"numba-cuda": 36}},
+            "registry entry k: no register count for numba-cuda-mlir",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_entries_are_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        _entry(**changes)
+
+
+def test_other_bad_requests_are_refused():
+    assert _entry().spec.name == "gemm_fp32_simt<0>"
+    numba = next(e for e in NUMBA if e.label == "rope2d_kernel")
+    with pytest.raises(ValueError, match="rope2d_kernel is a numba kernel: it has no CUDA C KernelSpec"):
+        _ = numba.spec
+    with pytest.raises(ValueError, match="backend 'cupy' is not one of"):
+        registry.entries(backend="cupy")
+    with pytest.raises(ValueError, match="peak 'fp16' is not one of"):
+        lm.Model(peak="fp16")
+    with pytest.raises(ValueError, match="GEMM epilogue 'relu' has no K3 layer"):
+        lm.gemm("relu", 4, 4, 64, 64)
