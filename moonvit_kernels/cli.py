@@ -264,8 +264,9 @@ def cmd_encode(args: argparse.Namespace) -> int:
 def cmd_encode_dataset(args: argparse.Namespace) -> int:
     """Encode a corpus on Ray Data (`moonvit_kernels.dataset`): Parquet shards, errors file, manifest."""
     from .dataset import encode_dataset
+    from .remote import is_remote
 
-    if "://" not in args.weights and not Path(args.weights).exists():
+    if not is_remote(args.weights) and not Path(args.weights).exists():
         raise CLIError(f"{args.weights}: no such checkpoint (expected a directory with config.json and safetensors)")
     try:
         summary = encode_dataset(
@@ -686,7 +687,7 @@ def remote_report(source: str) -> tuple[list[str], bool]:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Print `checkpoint_report`; exit status 1 when the tensors do not match the config."""
-    from .hub import is_remote
+    from .remote import is_remote
 
     lines, ok = remote_report(args.path) if is_remote(args.path) else checkpoint_report(args.path)
     print("\n".join(lines))
