@@ -55,7 +55,7 @@ def test_extras_match_reference(golden):
 
 
 def test_the_bundled_folder_is_what_its_provenance_says():
-    from moonvit_kernels.cli import check_golden
+    from moonvit_kernels.golden import check_golden
     from moonvit_kernels.weights import checkpoint_digest
 
     record = check_golden(GOLDEN)

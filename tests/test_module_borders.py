@@ -215,3 +215,9 @@ def test_is_remote(source, remote):
     from moonvit_kernels.remote import is_remote
 
     assert is_remote(source) is remote
+
+
+def test_cli_only_parses_arguments_and_dispatches():
+    tree = ast.parse((PACKAGE / "cli.py").read_text(encoding="utf-8"))
+    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert defined == ["build_parser", "main"]
