@@ -2,7 +2,7 @@
 files with a README and a provenance record (`write_golden`, `check_golden`), and the `golden` command.
 
 The bundled folder (`data/golden_tiny/`) is written by
-`python -m moonvit_kernels golden --out data/golden_tiny --float64` from a clone.
+`python -m moonvit_kernels golden --weights data/tiny --out data/golden_tiny --float64` from a clone's top folder.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The bundled golden values (`moonvit_kernels/data/golden_tiny/`, written by
-`python -m moonvit_kernels golden --out moonvit_kernels/data/golden_tiny --float64`) are reproduced by
+"""The bundled golden values (`data/golden_tiny/`, written by
+`python -m moonvit_kernels golden --weights data/tiny --out data/golden_tiny --float64`) are reproduced by
 today's reference.
 
 A regression guard: any change to the reference's numerics, to the tiny checkpoint or to the
