@@ -23,11 +23,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from moonvit_kernels import dataset
+from moonvit_kernels import dataset, load_checkpoint  # local or hf:// / https:// (fetched first)
 from moonvit_kernels.bundled import TINY_DIR
 from moonvit_kernels.model import MoonViT
 from moonvit_kernels.preprocess import preprocess_images
-from moonvit_kernels.weights import load_checkpoint
 
 
 def make_images(folder: Path, count: int, seed: int = 0) -> None:

@@ -202,11 +202,6 @@ def shard_is_done(out: Path, shard: Shard) -> bool:
         return False
 
 
-def is_remote(weights: str | os.PathLike) -> bool:
-    """True for checkpoints `weights.load_checkpoint` fetches: hf://ORG/REPO[@REV], http(s)://."""
-    return str(weights).startswith(("hf://", "http://", "https://"))
-
-
 def made_with(weights_folder: str | os.PathLike, config: Any, settings: Any, rows_per_shard: int) -> dict[str, Any]:
     """What decides DST's contents (its provenance): the checkpoint's content digest, the config's digest,
     the preprocessing settings (a `PreprocessConfig`) and the shard size."""
@@ -299,8 +294,8 @@ class Encoder:
     """A Ray Data actor: loads the checkpoint once, encodes packed batches of decoded rows."""
 
     def __init__(self, weights: str, backend: str, batch_tokens: int):
+        from .checkpoints import load_checkpoint
         from .model import MoonViT
-        from .weights import load_checkpoint
 
         config, w = load_checkpoint(weights)
         self.model = MoonViT(config, w, backend=backend)
@@ -488,6 +483,7 @@ def encode_dataset(
     from tqdm import tqdm
 
     from .atomic import check_writable
+    from .checkpoints import local_checkpoint
     from .model import BACKENDS
     from .preprocess import resolve_settings
     from .provenance import digest_json
@@ -501,12 +497,7 @@ def encode_dataset(
     if actors is not None and actors < 1:
         raise ValueError(f"actors must be >= 1, got {actors}")
     weights = str(weights)
-    if is_remote(weights):  # hf:// or http(s)://: the vision tensors are fetched once into this node's cache
-        from .hub import fetch_cached
-
-        folder: str | Path = fetch_cached(weights)
-    else:
-        folder = weights
+    folder = local_checkpoint(weights)  # hf:// or http(s)://: fetched once into this node's cache
     config = load_config(folder)
     check_headers(folder, config)  # a mis-shaped checkpoint fails here, not in every actor
     limits = {"in_patch_limit": in_patch_limit, "patch_limit_on_one_side": patch_limit_on_one_side}

@@ -52,6 +52,7 @@ import ml_dtypes
 import numpy as np
 
 from .atomic import write_text
+from .remote import is_remote
 from .weights import INDEX_NAME, is_vision_key
 
 MANIFEST_NAME = "manifest.json"
@@ -90,11 +91,6 @@ class FetchError(Exception):
 
 class SourceChanged(FetchError):
     """A source file is no longer the one the plan saw: its bytes are not kept."""
-
-
-def is_remote(source: str | os.PathLike) -> bool:
-    """True for `hf://…`, `http://…` and `https://…` sources."""
-    return isinstance(source, str) and re.match(r"^(hf|https?)://", source) is not None
 
 
 def parse_hf(source: str) -> tuple[str, str | None]:

@@ -28,6 +28,7 @@ from safetensors.numpy import save_file
 
 from .atomic import atomic_path, write_text
 from .config import VisionConfig
+from .remote import is_remote
 
 VISION_PREFIXES = ("vision_tower.", "mm_projector.")
 INDEX_NAME = "model.safetensors.index.json"
@@ -384,13 +385,15 @@ def load_config(path: str | os.PathLike) -> VisionConfig:
 
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[VisionConfig, dict[str, np.ndarray]]:
-    """`(config, weights)` from a checkpoint directory holding `config.json`, or from
-    `hf://ORG/REPO[@REVISION]` / an `http(s)://` checkpoint URL: then only the vision tensors are
-    fetched (ranged reads, `moonvit_kernels.hub`) into a cache folder, once, and loaded from there."""
-    if isinstance(path, str) and path.startswith(("hf://", "http://", "https://")):
-        from .hub import fetch_cached
+    """`(config, weights)` from a local checkpoint directory holding `config.json` (or a file beside one).
 
-        path = fetch_cached(path)
+    Remote checkpoints (`hf://…`, `http(s)://…`) are `moonvit_kernels.load_checkpoint`'s job
+    (`checkpoints.py`, which fetches them with `hub`); here they are a ValueError saying so."""
+    if is_remote(path):
+        raise ValueError(
+            f"{path}: a remote checkpoint; weights.load_checkpoint reads local folders only: use "
+            "moonvit_kernels.load_checkpoint, which fetches its vision tensors first"
+        )
     config = load_config(path)
     return config, load_weights(path, config)
 

@@ -385,10 +385,10 @@ error_heatmap(buggy, want, bound=bound2, title="grid sized N // 16, M // 16 (flo
 # an H200, datasheet).
 
 # %%
-from moonvit_kernels.cuda_backend.sources import load_source
+from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
+from moonvit_kernels.source_regions import region
 
-fp32_src = load_source("gemm_fp32.cu")
-print(fp32_src[fp32_src.index("namespace gemm_fp32_cfg") :])
+print(region(KERNEL_DIR / "gemm_fp32.cu", "kernel"))
 
 # %% [markdown]
 # **bf16 tensor cores (`gemm_bf16.cu`)** is the top rung, the one that can approach the bf16 peak:
@@ -412,11 +412,8 @@ print(fp32_src[fp32_src.index("namespace gemm_fp32_cfg") :])
 # The PTX wrappers (`ptx.cuh`) and the kernel:
 
 # %%
-from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
-
 print((KERNEL_DIR / "ptx.cuh").read_text(encoding="utf-8"))
-bf16_src = load_source("gemm_bf16.cu")
-print(bf16_src[bf16_src.index("namespace gemm_bf16_cfg") :])
+print(region(KERNEL_DIR / "gemm_bf16.cu", "kernel"))
 
 # %% [markdown]
 # Both, run on the CPU emulator at a tiny awkward size (`37 × 21`, `K = 40`: one block, partial tiles

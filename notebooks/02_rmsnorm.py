@@ -122,16 +122,9 @@ print(inspect.getsource(rmsnorm_module.kernel_for))
 # %%
 from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
+from moonvit_kernels.source_regions import region
 
-common = (KERNEL_DIR / "common.cuh").read_text(encoding="utf-8")
-print(
-    common[
-        common.index("__device__ __forceinline__ float warp_sum") : common.index(
-            "return v;\n}", common.index("float block_sum")
-        )
-        + 12
-    ]
-)
+print(region(KERNEL_DIR / "common.cuh", "reductions"))
 print((KERNEL_DIR / "rmsnorm.cu").read_text(encoding="utf-8"))
 
 # %% [markdown]

@@ -41,7 +41,6 @@ from moonvit_kernels.device import use_simulator_without_gpu, where
 use_simulator_without_gpu()
 
 import importlib.util
-import inspect
 import os
 import tempfile
 import time
@@ -55,6 +54,7 @@ from moonvit_kernels.numba_backend import _cuda, compilers
 from moonvit_kernels.numba_backend._cuda import cuda
 from moonvit_kernels.numba_backend.registers import KERNEL_REGISTERS
 from moonvit_kernels.plots import markdown_table
+from moonvit_kernels.source_regions import region
 from moonvit_kernels.xray import build, sass
 
 t_start = time.perf_counter()
@@ -75,8 +75,7 @@ if compilers.NUMBA_CUDA_MLIR not in INSTALLED:
 # simulator switch and the environment variable `MOONVIT_NUMBA_COMPILER` (`compilers.select_compiler`):
 
 # %%
-source = inspect.getsource(_cuda)
-print(source[source.index("COMPILER = select_compiler()") : source.index("def compiler_label")].strip())
+print(region(_cuda, "import_point"))
 
 # %% [markdown]
 # ## 2. One kernel: which packed item holds token `i`?

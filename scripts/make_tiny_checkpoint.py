@@ -1,6 +1,6 @@
-"""Regenerate `moonvit_kernels/data/tiny/`: a tiny bf16 checkpoint in real K3 tensor names, plus bundled inputs.
+"""Regenerate `data/tiny/`: a tiny bf16 checkpoint in real K3 tensor names, plus bundled inputs.
 
-    python scripts/make_tiny_checkpoint.py [OUT_DIR]
+    python scripts/make_tiny_checkpoint.py [OUT_DIR]   # default: data/tiny of this clone (shipped in the wheel)
 
 Writes `config.json` (a whole-model config holding `vision_config`), `model.safetensors`
 (VisionConfig.tiny(), random weights with seed 0, stored as bfloat16) and `inputs.npz`
@@ -37,7 +37,11 @@ def bundled_inputs(config: VisionConfig, seed: int = 1) -> tuple[np.ndarray, np.
     return np.concatenate(items).astype(np.float32), GRID_THWS.copy()
 
 
-def main(out: str = "moonvit_kernels/data/tiny") -> None:
+TINY = Path(__file__).resolve().parents[1] / "data" / "tiny"
+
+
+def main(out: str | Path = TINY) -> None:
+    """Write the tiny checkpoint and its inputs into `out`."""
     config = VisionConfig.tiny()
     out_dir = Path(out)
     save_checkpoint(out_dir, random_weights(config, seed=0), config, dtype="bfloat16")

@@ -11,7 +11,7 @@ import pytest
 from helpers import assert_close, file_size_limit, fp32_rtol, read_only_folder, snapshot
 from PIL import Image
 
-from moonvit_kernels import cli
+from moonvit_kernels import cli, command_support, demo, golden
 from moonvit_kernels.bundled import PHOTO as BUNDLED_PHOTO
 from moonvit_kernels.bundled import TINY_DIR
 from moonvit_kernels.config import VisionConfig
@@ -172,7 +172,7 @@ def test_numba_without_gpu_in_a_fresh_process(tmp_path, small_image):
 
 def test_simulator_flag_switches_the_simulator_on_before_numba_loads(tmp_path):
     script = (
-        "from moonvit_kernels import cli; b = cli.choose_backend('auto', True); "
+        "from moonvit_kernels import command_support as s; b = s.choose_backend('auto', True); "
         "import numba; from numba import cuda; print(b, numba.config.ENABLE_CUDASIM, cuda.is_available())"
     )
     r = subprocess.run(
@@ -190,8 +190,8 @@ def test_simulator_flag_errors(monkeypatch, capsys, tmp_path, small_image):
     assert "does not apply to backend 'numpy'" in error_line(capsys)
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
     monkeypatch.setitem(sys.modules, "numba", sys.modules.get("numba", object()))
-    with pytest.raises(cli.CLIError, match="after numba was loaded: set NUMBA_ENABLE_CUDASIM=1"):
-        cli.choose_backend("numba", True)
+    with pytest.raises(command_support.CLIError, match="after numba was loaded: set NUMBA_ENABLE_CUDASIM=1"):
+        command_support.choose_backend("numba", True)
 
 
 @pytest.mark.slow
@@ -354,14 +354,12 @@ def test_bad_command_line_exits_with_status_2(capsys):
 def test_missing_bundled_data_says_how_to_get_it(monkeypatch):
     from pathlib import Path
 
-    from moonvit_kernels import cli
-
-    monkeypatch.setattr(cli, "TINY_DIR", Path("/nonexistent/data/tiny"))
-    with pytest.raises(cli.CLIError, match=r"no such checkpoint.*ships inside the package.*reinstall") as e:
-        cli.load_checkpoint_or_fail(cli.TINY_DIR)
+    monkeypatch.setattr(command_support, "TINY_DIR", Path("/nonexistent/data/tiny"))
+    with pytest.raises(command_support.CLIError, match=r"no such checkpoint.*ships inside the package.*reinstall") as e:
+        command_support.load_checkpoint_or_fail(command_support.TINY_DIR)
     assert "/nonexistent/data" in str(e.value) and "--weights" in str(e.value)
-    with pytest.raises(cli.CLIError) as e:  # a user's own missing checkpoint gets no reinstall hint
-        cli.load_checkpoint_or_fail(Path("/nonexistent/mine"))
+    with pytest.raises(command_support.CLIError) as e:  # a user's own missing checkpoint gets no reinstall hint
+        command_support.load_checkpoint_or_fail(Path("/nonexistent/mine"))
     assert "reinstall" not in str(e.value)
 
 
@@ -373,7 +371,7 @@ def no_compute(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built before the output was checked")
 
-    monkeypatch.setattr(cli, "make_model", refuse)
+    monkeypatch.setattr(command_support, "make_model", refuse)
 
 
 def test_encode_writes_exactly_the_file_named(tmp_path, small_image, capsys):
@@ -455,8 +453,8 @@ def test_demo_checks_its_output_before_computing(tmp_path, capsys, no_compute):
 
 
 def test_demo_crop_of_a_one_pixel_image():
-    assert cli.demo_crop_box(1, 1) == (0, 0, 1, 1)
-    assert cli.demo_crop_box(256, 300) == (64, 37, 192, 165)  # the bundled photograph: as before
+    assert demo.demo_crop_box(1, 1) == (0, 0, 1, 1)
+    assert demo.demo_crop_box(256, 300) == (64, 37, 192, 165)  # the bundled photograph: as before
 
 
 def test_a_decompression_bomb_is_one_error_line(tmp_path, small_image, capsys, monkeypatch):
@@ -487,10 +485,10 @@ def test_golden_removes_files_of_an_earlier_run_and_records_provenance(tmp_path,
     made_with = provenance["made_with"]
     assert made_with["checkpoint"] and made_with["config"] and made_with["inputs"]
     assert sorted(provenance["files"]) == [n for n in names if n not in ("notes.txt", "provenance.json")]
-    cli.check_golden(out)
+    golden.check_golden(out)
     (out / "extras.npz").write_bytes((out / "inputs.npz").read_bytes())  # a file from elsewhere
     with pytest.raises(ValueError, match=r"extras\.npz: not the file .*provenance\.json"):
-        cli.check_golden(out)
+        golden.check_golden(out)
 
 
 def test_golden_refuses_a_folder_made_from_other_weights(tmp_path, capsys, no_compute):
@@ -499,7 +497,7 @@ def test_golden_refuses_a_folder_made_from_other_weights(tmp_path, capsys, no_co
     other = tmp_path / "other"
     save_checkpoint(other, random_weights(VisionConfig.tiny(), seed=8), VisionConfig.tiny())
     made_with = {"checkpoint": "0" * 64, "config": "1" * 64, "inputs": "2" * 64, "preprocess": None}
-    (out / "provenance.json").write_text(json.dumps({"format": cli.GOLDEN_FORMAT, "made_with": made_with}))
+    (out / "provenance.json").write_text(json.dumps({"format": golden.GOLDEN_FORMAT, "made_with": made_with}))
     (out / "stages_float64.npz").write_bytes(b"an earlier run")
     assert cli.main(["golden", "--out", str(out), "--weights", str(other)]) == 2
     line = error_line(capsys)
@@ -516,7 +514,7 @@ def test_golden_overwrite_replaces_everything(tmp_path):
     save_checkpoint(other, random_weights(VisionConfig.tiny(), seed=8), VisionConfig.tiny())
     assert cli.main(["golden", "--out", str(out), "--weights", str(other), "--overwrite"]) == 0
     assert not (out / "stages_float64.npz").exists()
-    cli.check_golden(out)
+    golden.check_golden(out)
 
 
 def test_golden_with_a_full_disk_keeps_the_earlier_folder(tmp_path, capsys):

@@ -288,11 +288,6 @@ def test_missing_ray_says_how_to_install(monkeypatch):
         dataset.require_ray()
 
 
-def test_remote_weights_are_recognised():
-    assert dataset.is_remote("hf://org/repo@main") and dataset.is_remote("https://host/ckpt/")
-    assert not dataset.is_remote(TINY_DIR) and not dataset.is_remote("ckpt/hf")
-
-
 # ============================================================================ provenance (no Ray needed)
 def fake_row(index: int, image_id: str) -> dict:
     values = np.random.default_rng(index).standard_normal(40).astype(np.float32)

@@ -1,5 +1,5 @@
-"""The bundled golden values (`moonvit_kernels/data/golden_tiny/`, written by
-`python -m moonvit_kernels golden --out moonvit_kernels/data/golden_tiny --float64`) are reproduced by
+"""The bundled golden values (`data/golden_tiny/`, written by
+`python -m moonvit_kernels golden --weights data/tiny --out data/golden_tiny --float64`) are reproduced by
 today's reference.
 
 A regression guard: any change to the reference's numerics, to the tiny checkpoint or to the
@@ -55,7 +55,7 @@ def test_extras_match_reference(golden):
 
 
 def test_the_bundled_folder_is_what_its_provenance_says():
-    from moonvit_kernels.cli import check_golden
+    from moonvit_kernels.golden import check_golden
     from moonvit_kernels.weights import checkpoint_digest
 
     record = check_golden(GOLDEN)

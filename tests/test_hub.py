@@ -21,6 +21,7 @@ pytest.importorskip("aiohttp", reason="the hub extra (aiohttp, for fsspec's HTTP
 
 from safetensors import safe_open
 
+import moonvit_kernels
 from moonvit_kernels import cli, hub
 from moonvit_kernels import weights as W
 from moonvit_kernels.config import VisionConfig
@@ -373,8 +374,24 @@ def test_hf_source_goes_through_the_same_code(checkpoint, tmp_path, monkeypatch)
     assert manifest["repo"] == "moonshotai/Kimi-K3" and manifest["revision"] == "0123abc"
     assert len(manifest["tensors"]) == len(W.expected_shapes(CFG))
     monkeypatch.setenv("MOONVIT_KERNELS_CACHE", str(tmp_path / "cache"))
-    config, got = W.load_checkpoint("hf://moonshotai/Kimi-K3@v2")
+    config, got = moonvit_kernels.load_checkpoint("hf://moonshotai/Kimi-K3@v2")  # the public API fetches
     assert config == CFG and (tmp_path / "cache" / "moonshotai--Kimi-K3@v2" / "model.safetensors").is_file()
+    with pytest.raises(ValueError, match=r"hf://moonshotai/Kimi-K3@v2: a remote checkpoint.*local folders only"):
+        W.load_checkpoint("hf://moonshotai/Kimi-K3@v2")  # weights reads local folders and never imports hub
+
+
+def test_the_public_load_checkpoint_fetches_an_https_checkpoint_once(server, checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("MOONVIT_KERNELS_CACHE", str(tmp_path / "cache"))
+    config, got = moonvit_kernels.load_checkpoint(server.url + "/")
+    folder = hub.cache_dir(server.url + "/")
+    assert folder.parent == tmp_path / "cache" and (folder / "model.safetensors").is_file()
+    _, direct = W.load_checkpoint(folder)
+    assert config == CFG and set(got) == set(direct) == set(W.expected_shapes(CFG))
+    for name, value in direct.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    served = server.bytes_served
+    moonvit_kernels.load_checkpoint(server.url + "/")  # cached: headers are checked, no tensor bytes again
+    assert server.bytes_served - served < served / 4
 
 
 def test_cli_fetch(server, tmp_path, capsys):

@@ -176,3 +176,23 @@ def test_readme_has_the_three_commands_and_ci_reads_them():
     assert ".[dev]" in install, "the README's install command must bring the test tools (the dev extra)"
     ci = (ROOT / ".ci" / "run").read_text()
     assert "# install$" in ci and "# test$" in ci
+
+
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_the_package_list_names_every_package_folder_and_the_bundled_data():
+    code = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "moonvit_kernels").rglob("__init__.py")
+        if "__pycache__" not in p.parts
+    }
+    data = {"moonvit_kernels.data"} | {
+        f"moonvit_kernels.data.{d.name}" for d in (ROOT / "data").iterdir() if d.is_dir() and d.name != "__pycache__"
+    }
+    assert {"moonvit_kernels.data.tiny", "moonvit_kernels.data.photo", "moonvit_kernels.data.golden_tiny"} <= data
+    assert sorted(SETUPTOOLS["packages"]) == sorted(code | data)
+    assert SETUPTOOLS["package-dir"] == {"moonvit_kernels.data": "data"}
+    assert (ROOT / "data" / "__init__.py").is_file() and not (ROOT / "moonvit_kernels" / "data").exists()
+    shipped = SETUPTOOLS["package-data"]
+    assert all(shipped.get(name) == ["*"] for name in data - {"moonvit_kernels.data"})

@@ -1,9 +1,10 @@
-"""A built wheel, installed into a fresh virtual environment, runs `run` and `demo` from any directory.
+"""A built (non-editable) wheel, installed into a fresh virtual environment, runs `run` and `demo` from any
+directory; an editable install of a copy of the clone finds the top-level `data/` the same way.
 
-The wheel is built from a copy of the package sources (pip wheel, no build isolation, no network);
-the fresh venv sees this environment's dependencies through a `.pth` line but not the editable
-install of the checkout, and every command runs in isolated mode (`-I`) from an unrelated folder,
-so the package and its bundled data must come from the wheel.
+The wheel is built from a copy of the package sources and the top-level `data/` (pip wheel, no build
+isolation, no network); the fresh venv sees this environment's dependencies through a `.pth` line but not
+the editable install of the checkout, and every command runs in isolated mode (`-I`) from an unrelated
+folder, so the package and its bundled data must come from the wheel (or from the copy, when editable).
 """
 
 import os
@@ -26,30 +27,27 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complete
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def wheel_venv(tmp_path_factory) -> tuple[Path, Path]:
-    """(python of a fresh venv holding only the wheel, a scratch folder to run in)."""
-    base = tmp_path_factory.mktemp("wheel")
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+
+
+def _copy_sources(base: Path) -> Path:
+    """What a clone needs to build: pyproject.toml, README.md, the package and the top-level data/."""
     src = base / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "moonvit_kernels", src / "moonvit_kernels", ignore=shutil.ignore_patterns("__pycache__"))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    r = _run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(base / "dist"), str(src)], base
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    (wheel,) = (base / "dist").glob("moonvit_kernels-*.whl")
+    for folder in ("moonvit_kernels", "data"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return src
+
+
+def _fresh_venv(base: Path) -> Path:
+    """The python of a new venv without pip that sees this environment's dependencies (not its .pth files,
+    where the checkout's editable install lives) through one .pth line."""
     venv = base / "venv"
     r = _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], base)
     assert r.returncode == 0, r.stderr
     python = venv / "bin" / "python"
-    r = _run(
-        [*pip, "--python", str(python), "install", "--no-deps", "--no-index", "--no-build-isolation", str(wheel)], base
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    # this environment's dependencies, without its .pth files (the editable install lives in one)
     site = Path(
         _run(
             [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], base
@@ -57,6 +55,29 @@ def wheel_venv(tmp_path_factory) -> tuple[Path, Path]:
     )
     deps = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     (site / "zz_parent_dependencies.pth").write_text("\n".join(deps) + "\n")
+    return python
+
+
+def _install(python: Path, target: list[str], base: Path) -> None:
+    r = _run(
+        [*PIP, "--python", str(python), "install", "--no-deps", "--no-index", "--no-build-isolation", *target], base
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory) -> tuple[Path, Path]:
+    """(python of a fresh venv holding only the wheel, a scratch folder to run in)."""
+    base = tmp_path_factory.mktemp("wheel")
+    src = _copy_sources(base)
+    r = _run(
+        [*PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(base / "dist"), str(src)], base
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    (wheel,) = (base / "dist").glob("moonvit_kernels-*.whl")
+    shutil.rmtree(src)  # nothing may come from the sources the wheel was built from
+    python = _fresh_venv(base)
+    _install(python, [str(wheel)], base)
     scratch = base / "elsewhere"
     scratch.mkdir()
     return python, scratch
@@ -67,6 +88,7 @@ def test_wheel_holds_the_bundled_data(wheel_venv):
     (wheel,) = (python.parents[2] / "dist").glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
+        "moonvit_kernels/data/__init__.py",
         "moonvit_kernels/data/tiny/model.safetensors",
         "moonvit_kernels/data/tiny/config.json",
         "moonvit_kernels/data/tiny/inputs.npz",
@@ -104,3 +126,26 @@ def test_wheel_run_and_demo_from_another_folder(wheel_venv):
     assert len(list(out.glob("*.png"))) == 7
     script = python.parent / "moonvit-kernels"
     assert script.is_file(), "the console script was not installed"
+
+
+def test_wheel_console_script_runs_from_another_folder(wheel_venv):
+    python, scratch = wheel_venv
+    r = _run([str(python.parent / "moonvit-kernels"), "run"], scratch)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"checkpoint {python.parents[1]}" in r.stdout and "/moonvit_kernels/data/tiny" in r.stdout
+    assert "item 0 image grid (t,h,w)=(1,6,8) -> (12, 40)" in r.stdout
+
+
+def test_an_editable_install_finds_the_top_level_data(tmp_path):
+    src = _copy_sources(tmp_path)
+    python = _fresh_venv(tmp_path)  # its .pth line brings setuptools, which the editable build needs
+    _install(python, ["-e", str(src)], tmp_path)
+    scratch = tmp_path / "elsewhere"
+    scratch.mkdir()
+    where = "import moonvit_kernels.bundled as b, moonvit_kernels.data as d; print(b.DATA_DIR); print(d.__file__)"
+    r = _run([str(python), "-I", "-c", where], scratch)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == [str(src / "data"), str(src / "data" / "__init__.py")]
+    r = _run([str(python.parent / "moonvit-kernels"), "run"], scratch)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"checkpoint {src / 'data' / 'tiny'}:" in r.stdout and "backend: numpy reference" in r.stdout

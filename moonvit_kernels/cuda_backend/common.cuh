@@ -76,6 +76,7 @@ __device__ __forceinline__ float activate(float v) {
 }
 
 // ---------------------------------------------------------------- reductions
+// region: reductions
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
@@ -99,3 +100,4 @@ __device__ __forceinline__ float block_sum(float v) {
   __syncthreads();  // `partial` may be reused by a later call
   return v;
 }
+// endregion

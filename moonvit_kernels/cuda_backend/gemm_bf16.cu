@@ -15,6 +15,7 @@
 #include "common.cuh"
 #include "ptx.cuh"
 
+// region: kernel
 namespace gemm_bf16_cfg {
 constexpr int BM = 128, BN = 128, BK = 32;
 constexpr int WARPS_M = 2, WARPS_N = 4, THREADS = 32 * WARPS_M * WARPS_N;
@@ -139,3 +140,4 @@ __global__ void __launch_bounds__(gemm_bf16_cfg::THREADS)
         if (row < M) gemm_bf16_store_pair<OutT, EPI>(C, R, row, col, N, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
       }
 }
+// endregion

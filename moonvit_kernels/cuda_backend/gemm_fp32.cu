@@ -11,6 +11,7 @@
 // Same epilogues as gemm_bf16.cu.
 #include "common.cuh"
 
+// region: kernel
 namespace gemm_fp32_cfg {
 constexpr int BM = 64, BN = 64, BK = 16, TM = 4, TN = 4;
 constexpr int THREADS = (BM / TM) * (BN / TN);  // 256
@@ -107,3 +108,4 @@ __global__ void __launch_bounds__(gemm_fp32_cfg::THREADS)
     }
   }
 }
+// endregion

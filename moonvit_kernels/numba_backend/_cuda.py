@@ -46,6 +46,7 @@ def import_numba_cuda_arrayobj() -> None:
 
 
 # ============================================================================ the import point
+# region: import_point
 COMPILER = select_compiler()
 
 if COMPILER == NUMBA_CUDA_MLIR:
@@ -57,6 +58,7 @@ else:
     from numba.cuda.cudadrv.devicearray import is_cuda_ndarray
 
     import_numba_cuda_arrayobj()
+# endregion
 
 
 def compiler_label() -> str:

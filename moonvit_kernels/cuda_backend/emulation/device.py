@@ -435,6 +435,6 @@ def activate() -> None:
 
 def tensor_map_encoder() -> Any:
     """The emulator's model of `cuTensorMapEncodeTiled`, with the driver's C signature (hopper.cuh)."""
-    from . import hopper
+    from .tensor_map_encoder import encode_tiled_driver
 
-    return hopper.encode_tiled_driver()
+    return encode_tiled_driver()

@@ -25,6 +25,7 @@ import numpy as np
 from moonvit_kernels.cuda_backend import sources as kcuda
 from moonvit_kernels.cuda_backend import tensor_maps
 from moonvit_kernels.cuda_backend.emulation import build, device
+from moonvit_kernels.cuda_backend.emulation.tensor_map_encoder import encode_tiled_driver  # noqa: F401 (API)
 
 HERE = Path(__file__).resolve().parent
 KERNEL_FILES = ("gemm_bf16_sm90.cu", "flash_attn_sm90.cu", "common.cuh", "sm90.cuh")
@@ -56,31 +57,6 @@ def library() -> ctypes.CDLL:
     lib.hop_kmajor_addr.restype = _u
     lib.hop_kmajor_addr.argtypes = [_u64, _i, _i]
     return lib
-
-
-class _Encoder:
-    """The model's cuTensorMapEncodeTiled (tensor_map_driver.cpp), called like the driver's."""
-
-    def __init__(self, lib: ctypes.CDLL):
-        self.fn = lib.emu_cuTensorMapEncodeTiled
-        self.fn.argtypes, self.fn.restype = tensor_maps.ENCODE_ARGTYPES, ctypes.c_int
-        self.error = lib.emu_tensor_map_error
-        self.error.restype = ctypes.c_char_p
-
-    def __call__(self, *args):
-        return self.fn(*args)
-
-    def last_error(self) -> str:
-        return self.error().decode(errors="replace")
-
-
-@functools.cache
-def encode_tiled_driver() -> _Encoder:
-    """The emulator's `cuTensorMapEncodeTiled`, with the driver's signature (`tensor_maps.ENCODE_ARGTYPES`)."""
-    files = {"tensor_map_driver.cpp": (HERE / "tensor_map_driver.cpp").read_text(encoding="utf-8")}
-    standins = ("prelude.h", "cuda_bf16.h", "hopper.cuh")
-    path = build.build_library(files, "tensor_map_driver.cpp", standins=standins, tag="tensor_map")
-    return _Encoder(ctypes.CDLL(str(path)))
 
 
 def _ptr(a: np.ndarray) -> ctypes.c_void_p:
