@@ -443,3 +443,22 @@ def traced_by(backend: str, job: str, labels: Iterable[str] | None = None) -> li
     if labels is None:
         return [e.label for e in entries(backend=backend) if e.trace_job == job]
     return [lb for lb in labels if (e := find(backend, lb)) is not None and e.trace_job == job]
+
+
+# ============================================================================ the CUDA C catalogue, derived
+def kernel_specs(head_dims: tuple[int, ...] = (128,)) -> list[cu.KernelSpec]:
+    """Every CUDA C instantiation the launchers use, attention at the given head dims: the portable ones, then
+    the sm_90a ones (`hopper_specs`; see `KernelSpec.archs` / `specs_for(arch)`). ValueError for a head dim
+    no GPU supports."""
+    return [e.spec for e in entries(head_dims, "cuda")]
+
+
+def hopper_specs(head_dims: tuple[int, ...] = (128,)) -> list[cu.KernelSpec]:
+    """The sm_90a instantiations: gemm_bf16_sm90 at both tile widths for the backend's (output, epilogue)
+    pairs, flash_attn_sm90 at those of `head_dims` it supports (<= 128)."""
+    return [e.spec for e in entries(head_dims, "cuda", lambda e: cu.HOPPER_ARCH in e.archs)]
+
+
+def specs_for(arch: str, head_dims: tuple[int, ...] = (128,)) -> list[cu.KernelSpec]:
+    """The CUDA C instantiations the compile tier builds for `arch` (`KernelSpec.builds_for`)."""
+    return [s for s in kernel_specs(head_dims) if s.builds_for(arch)]

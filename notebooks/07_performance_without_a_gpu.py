@@ -161,10 +161,11 @@ for label, threads, dynamic in launches:
         rows.append((label, a, threads, b.registers, b.static_shared, o.blocks_per_sm, f"{o.occupancy:.0%}", o.limiter))
 # The CUDA C flash attention (bf16, hd 128), compiled with NVRTC for sm_90: registers from its cubin,
 # dynamic shared memory from the launcher's catalogue.
-from moonvit_kernels.cuda_backend import nvrtc_check, sources
+from moonvit_kernels import registry
+from moonvit_kernels.cuda_backend import nvrtc_check
 from moonvit_kernels.xray.cubin import kernel_resources
 
-(spec,) = [s for s in sources.kernel_specs((128,)) if s.label == "flash_attn_bf16_hd128"]
+(spec,) = [s for s in registry.kernel_specs((128,)) if s.label == "flash_attn_bf16_hd128"]
 cubin, _ = nvrtc_check.build_cubin(spec, "sm_90")
 flash_regs = next(iter(kernel_resources(cubin).values()))["registers"]
 for a in arch.ARCHS:

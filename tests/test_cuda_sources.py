@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from moonvit_kernels import registry
 from moonvit_kernels.cuda_backend import sources as kcuda
 
 
@@ -111,10 +112,10 @@ def test_attention_that_does_not_fit_is_refused_with_the_limit():
 
 def test_hopper_specs_build_for_sm90a_only():
     """The sm_90a files are built for sm_90a and nothing else; the portable ones for every other arch."""
-    specs = kcuda.kernel_specs((128, 24, 240))
+    specs = registry.kernel_specs((128, 24, 240))
     hopper = [s for s in specs if s.source in kcuda.HOPPER_SOURCES]
-    assert hopper == kcuda.specs_for("sm_90a", (128, 24, 240))
-    assert {s.source for s in kcuda.specs_for("sm_90", (128,))} == set(kcuda.PORTABLE_SOURCES)
+    assert hopper == registry.specs_for("sm_90a", (128, 24, 240))
+    assert {s.source for s in registry.specs_for("sm_90", (128,))} == set(kcuda.PORTABLE_SOURCES)
     assert not [s for s in specs if s.source in kcuda.HOPPER_SOURCES and s.builds_for("sm_90")]
     assert kcuda.SOURCES == kcuda.PORTABLE_SOURCES + kcuda.HOPPER_SOURCES
     # attention at the head dims it supports only (240 > 128), both GEMM widths for each launched pair
@@ -131,7 +132,7 @@ def test_hopper_specs_build_for_sm90a_only():
 def test_hopper_catalogue_holds_what_the_backend_launches():
     from moonvit_kernels.cuda_backend import hopper_launchers as hl
 
-    names = {s.name for s in kcuda.specs_for("sm_90a", (128,))}
+    names = {s.name for s in registry.specs_for("sm_90a", (128,))}
     for bn in (128, 256):  # CupyBackend.forward's (output, epilogue) pairs
         for out, epi in [("float32", "none"), ("float32", "residual"), ("bfloat16", "none"),
                          ("bfloat16", "gelu_tanh"), ("bfloat16", "gelu_erf")]:  # fmt: skip

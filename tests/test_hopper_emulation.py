@@ -24,7 +24,7 @@ GEMM_NAMES = [
 ]
 ATTN_NAMES = [f"flash_attn_sm90<{hd}>" for hd in (128, 64, 72, 24)]
 # Built here for the SASS and exact-register checks; every instantiation the backend launches is built and
-# judged by the compile tier (sources.hopper_specs in tests/test_nvrtc_compile.py), so a few suffice.
+# judged by the compile tier (registry.hopper_specs in tests/test_nvrtc_compile.py), so a few suffice.
 BUILDS = {
     "gemm_bf16_sm90.cu": [GEMM_NAMES[3], GEMM_NAMES[-3]],  # <float, residual, 128>, <bf16, gelu_tanh, 256>
     "flash_attn_sm90.cu": [ATTN_NAMES[0], ATTN_NAMES[2]],  # hd 128 and 72 (zero-filled to 128)

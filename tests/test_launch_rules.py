@@ -16,6 +16,7 @@ import subprocess
 import pytest
 
 from moonvit_kernels import launch_rules as lr
+from moonvit_kernels import registry
 
 
 def _old_rule_fits(registers: int, threads: int) -> bool:
@@ -191,7 +192,7 @@ def test_compile_tier_judges_registers_by_the_rule():
     assert nvrtc_check.judge(spec, nvrtc_check.PtxasInfo(registers=72), "sm_90") == []
     (problem,) = nvrtc_check.judge(spec, nvrtc_check.PtxasInfo(registers=80), "sm_90")
     assert "800 threads x 80 registers" in problem  # 64,000 <= 65,536, yet only 24 warps fit
-    hopper_gemms = {s.max_registers for s in sources.hopper_specs() if s.source == "gemm_bf16_sm90.cu"}
+    hopper_gemms = {s.max_registers for s in registry.hopper_specs() if s.source == "gemm_bf16_sm90.cu"}
     assert hopper_gemms == {168}  # __launch_bounds__(384, 1): what ptxas allots the Hopper GEMM
 
 

@@ -1,7 +1,7 @@
 """Compile tier: every CUDA C kernel builds with NVRTC for sm_80 and sm_90 — no GPU needed.
 
 Builds the same source text, options and template instantiations the CuPy launchers use
-(`moonvit_kernels.cuda_backend.sources.kernel_specs`), with front-end warnings as errors, and checks
+(`moonvit_kernels.cuda_backend.registry.kernel_specs`), with front-end warnings as errors, and checks
 ptxas's report: no spills, stack frames only where allowed, registers within each kernel's
 stated bound, shared memory within the architecture's per-block limit. Attention is built at
 the head dims the configs use (K3: 128, tiny: 24), one more, and MAX_HEAD_DIM.
@@ -11,6 +11,7 @@ import pytest
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
 
+from moonvit_kernels import registry
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.cuda_backend import nvrtc_check
 from moonvit_kernels.cuda_backend import sources as kcuda
@@ -30,7 +31,7 @@ def reports() -> list[nvrtc_check.KernelReport]:
 @pytest.mark.parametrize("source", kcuda.SOURCES)
 def test_kernels_build_within_limits(reports, source, arch):
     mine = [r for r in reports if r.spec.source == source and r.arch == arch]
-    expected = [s for s in kcuda.kernel_specs(HEAD_DIMS) if s.source == source and s.builds_for(arch)]
+    expected = [s for s in registry.kernel_specs(HEAD_DIMS) if s.source == source and s.builds_for(arch)]
     assert [r.spec.name for r in mine] == [s.name for s in expected]
     bad = [f"{r.spec.name}: {'; '.join(r.problems)}" for r in mine if not r.ok]
     assert not bad, "\n".join(bad)
@@ -49,7 +50,7 @@ def test_table_has_a_row_per_build(reports):
 
 
 def test_catalogue_holds_every_instantiation_the_backend_launches():
-    names = {s.name for s in kcuda.kernel_specs(HEAD_DIMS)}
+    names = {s.name for s in registry.kernel_specs(HEAD_DIMS)}
     for cfg in (VisionConfig.k3(), VisionConfig.tiny()):
         for act in ("bfloat16", "float32"):
             needed = {
@@ -162,7 +163,7 @@ def cubins_sm90() -> list[tuple[str, bytes, nvrtc_check.KernelReport]]:
 
 
 def test_build_cubins_one_file_per_instantiation(cubins_sm90, reports):
-    specs = kcuda.specs_for("sm_90", (24,))
+    specs = registry.specs_for("sm_90", (24,))
     assert [r.spec for _, _, r in cubins_sm90] == specs
     names = [f for f, _, _ in cubins_sm90]
     assert len(set(names)) == len(names)
@@ -210,7 +211,7 @@ def test_cubin_cli(monkeypatch, capsys, cubins_sm90, tmp_path):
 
 
 def test_build_cubins_for_sm89_and_unknown_arch():
-    spec = next(s for s in kcuda.kernel_specs() if s.label == "rmsnorm_rows_bf16_f32")
+    spec = next(s for s in registry.kernel_specs() if s.label == "rmsnorm_rows_bf16_f32")
     cubin, report = nvrtc_check.build_cubin(spec, "sm_89")
     assert report.ok and cubin[:4] == b"\x7fELF"
     with pytest.raises(ValueError, match="unknown architecture"):
@@ -218,7 +219,7 @@ def test_build_cubins_for_sm89_and_unknown_arch():
 
 
 def test_labels_are_unique_file_names():
-    specs = kcuda.kernel_specs(HEAD_DIMS)
+    specs = registry.kernel_specs(HEAD_DIMS)
     labels = [s.label for s in specs]
     assert len(set(labels)) == len(labels)
     assert all(label and label.replace("_", "").isalnum() for label in labels)
@@ -249,7 +250,7 @@ def test_ftz_changes_the_binary_and_cupys_second_ftz_is_harmless(monkeypatch):
 
 @pytest.mark.parametrize("arch", sorted(kcuda.OPTIN_SMEM_PER_BLOCK))
 def test_every_listed_architecture_builds(arch):
-    spec = next(s for s in kcuda.kernel_specs() if s.label == "rmsnorm_rows_f32_bf16")
+    spec = next(s for s in registry.kernel_specs() if s.label == "rmsnorm_rows_f32_bf16")
     cubin, report = nvrtc_check.build_cubin(spec, arch)
     assert report.ok and cubin[:4] == b"\x7fELF", report.problems
 
@@ -257,8 +258,8 @@ def test_every_listed_architecture_builds(arch):
 def test_judge_refuses_head_dims_beyond_the_architectures_shared_memory():
     info = nvrtc_check.PtxasInfo(registers=200)
     for arch, (bf16_max, _) in kcuda.SUPPORTED_HEAD_DIMS.items():
-        fits = next(s for s in kcuda.kernel_specs((bf16_max,)) if s.label == f"flash_attn_bf16_hd{bf16_max}")
+        fits = next(s for s in registry.kernel_specs((bf16_max,)) if s.label == f"flash_attn_bf16_hd{bf16_max}")
         assert nvrtc_check.judge(fits, info, arch) == [], arch
         if bf16_max < kcuda.MAX_HEAD_DIM:
-            big = next(s for s in kcuda.kernel_specs((bf16_max + 8,)) if s.label.startswith("flash_attn_bf16"))
+            big = next(s for s in registry.kernel_specs((bf16_max + 8,)) if s.label.startswith("flash_attn_bf16"))
             assert any("shared memory" in p for p in nvrtc_check.judge(big, info, arch)), arch

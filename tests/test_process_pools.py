@@ -29,7 +29,7 @@ def test_the_compile_pools_use_spawn(monkeypatch):
             return []
 
     monkeypatch.setattr(nvrtc_check, "ProcessPoolExecutor", Recorder)
-    monkeypatch.setattr(nvrtc_check.kcuda, "specs_for", lambda arch, head_dims=(128,): [object(), object()])
+    monkeypatch.setattr(nvrtc_check.registry, "specs_for", lambda arch, head_dims=(128,): [object(), object()])
     nvrtc_check.build_cubins("sm_90", (24,), workers=2)
     assert seen == ["spawn"]
 
@@ -42,9 +42,10 @@ def test_building_cubins_from_a_thread_while_another_imports_finishes():
         """
         import importlib, sys
         from concurrent.futures import ThreadPoolExecutor
-        from moonvit_kernels.cuda_backend import nvrtc_check, sources as kcuda
-        one = [s for s in kcuda.specs_for("sm_90", (24,)) if s.source == "rmsnorm.cu"][:2]
-        kcuda.specs_for = lambda arch, head_dims=(128,): one
+        from moonvit_kernels import registry
+        from moonvit_kernels.cuda_backend import nvrtc_check
+        one = [s for s in registry.specs_for("sm_90", (24,)) if s.source == "rmsnorm.cu"][:2]
+        registry.specs_for = lambda arch, head_dims=(128,): one
         with ThreadPoolExecutor(max_workers=1) as pool:
             fut = pool.submit(nvrtc_check.build_cubins, "sm_90", (24,), 2)
             for name in ("moonvit_kernels.xray.report", "moonvit_kernels.xray.roofline", "email.mime.text"):

@@ -82,15 +82,15 @@ def test_k3_sizes_come_from_the_k3_config():
 # ============================================================================ what derives from it
 def test_cuda_catalogue_is_the_registry():
     for head_dims in ((128,), (128, 24, 240), (64, 136)):
-        assert sources.kernel_specs(head_dims) == [e.spec for e in registry.entries(head_dims, "cuda")]
-    hopper = sources.hopper_specs((128, 136, 24))
+        assert registry.kernel_specs(head_dims) == [e.spec for e in registry.entries(head_dims, "cuda")]
+    hopper = registry.hopper_specs((128, 136, 24))
     assert [s.label for s in hopper if s.source == "flash_attn_sm90.cu"] == [
         "flash_attn_sm90_hd128",
         "flash_attn_sm90_hd24",
     ]
-    assert sources.specs_for("sm_90a", (128, 136, 24)) == hopper
+    assert registry.specs_for("sm_90a", (128, 136, 24)) == hopper
     with pytest.raises(ValueError, match="multiple of 8 in 8..240"):
-        sources.kernel_specs((12,))
+        registry.kernel_specs((12,))
 
 
 def test_every_entry_has_its_catalogue_model():
@@ -146,8 +146,8 @@ def test_adding_an_entry_is_all_it_takes(monkeypatch):
     )  # fmt: skip
     monkeypatch.setattr(registry, "REGISTRY", [*registry.REGISTRY, numba_new, cuda_new])
 
-    assert cuda_new.spec in sources.kernel_specs() and cuda_new.spec in sources.specs_for("sm_80")
-    assert cuda_new.spec not in sources.hopper_specs() and cuda_new.spec.max_stack == 16
+    assert cuda_new.spec in registry.kernel_specs() and cuda_new.spec in registry.specs_for("sm_80")
+    assert cuda_new.spec not in registry.hopper_specs() and cuda_new.spec.max_stack == 16
     assert registers_for("numba-cuda-mlir")["rope2d_kernel_v2"] == 43
     assert catalogue.describe("cuda", "rmsnorm_rows_v2_f32_f32").formula == "new"
     assert catalogue.describe("numba", "rope2d_kernel_v2").threads == 96

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from numba import cuda, float32
 
+from moonvit_kernels import registry
 from moonvit_kernels.xray import arch, catalogue, counters, launch_counts, occupancy, roofline, sass, trace
 from moonvit_kernels.xray.counters import strided
 
@@ -279,8 +280,8 @@ def test_hopper_kernels_in_the_xray(tmp_path, monkeypatch):
     from moonvit_kernels.xray import build, report
 
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
-    spec = next(s for s in sources.specs_for("sm_90a") if s.label == "gemm_bf16_sm90_bn128_bf16_gelu_tanh")
-    ampere = next(s for s in sources.specs_for("sm_90") if s.label == "gemm_bf16_tc_bf16_gelu_tanh")
+    spec = next(s for s in registry.specs_for("sm_90a") if s.label == "gemm_bf16_sm90_bn128_bf16_gelu_tanh")
+    ampere = next(s for s in registry.specs_for("sm_90") if s.label == "gemm_bf16_tc_bf16_gelu_tanh")
     built = {"sm_90a": nvrtc_check.build_cubin(spec, "sm_90a"), "sm_90": nvrtc_check.build_cubin(ampere, "sm_90")}
     calls = []
 
@@ -617,13 +618,12 @@ def test_report_covers_every_kernel_of_both_backends(tmp_path):
     """The whole report on sm_90 without traces: a row per compiled instantiation, resources and SASS
     filled in, every K3 instantiation with a roofline time. (Target: < 90 s on 2 cores once the
     cubins are cached in the temp dir.)"""
-    from moonvit_kernels.cuda_backend import sources
 
     r = _run_cli(["--arch", "sm_90", "--no-trace", "--out", str(tmp_path)])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     with open(tmp_path / "xray.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    cuda_labels = {s.label for s in sources.kernel_specs((128,))}
+    cuda_labels = {s.label for s in registry.kernel_specs((128,))}
     assert {row["kernel"] for row in rows if row["backend"] == "cuda"} == cuda_labels
     numba = {row["kernel"] for row in rows if row["backend"] == "numba"}
     for expected in ("gemm_v1_none", "gemm_v3_residual", "attention_v1_hd128_t128", "rmsnorm_kernel_t256",

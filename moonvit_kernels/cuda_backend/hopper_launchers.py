@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from moonvit_kernels import registry
 from moonvit_kernels.cuda_backend import launchers, nvrtc_check, tensor_maps
 from moonvit_kernels.cuda_backend import sources as kcuda
 
@@ -64,7 +65,7 @@ BUILD_LOGS: dict[str, str] = {}
 
 def _regs_at_entry(name: str) -> int | None:
     """Registers per thread the kernel `name` starts with (its catalogue bound: __launch_bounds__ decides it)."""
-    return next((s.max_registers for s in kcuda.hopper_specs(ATTENTION_HEAD_DIMS) if s.name == name), None)
+    return next((s.max_registers for s in registry.hopper_specs(ATTENTION_HEAD_DIMS) if s.name == name), None)
 
 
 @functools.cache

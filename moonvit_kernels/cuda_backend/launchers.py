@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from moonvit_kernels import registry
+
 from .. import packing
 from . import sources as kcuda
 
@@ -268,7 +270,7 @@ def _kernel(device: tuple[str, int], source: str, name: str, head_dim: int = 128
     """The compiled kernel `name` from `source` on `device` (API, id: the current one) and its catalogue
     entry, looked up once per device; kernels needing more than 48 KB of dynamic shared memory get
     the attribute raised on that device."""
-    specs = [s for s in kcuda.kernel_specs((head_dim,)) if s.source == source]
+    specs = [s for s in registry.kernel_specs((head_dim,)) if s.source == source]
     spec = next((s for s in specs if s.name == name), None)
     if spec is None:
         raise ValueError(f"{name} is not an instantiation of {source} in the kernel catalogue")

@@ -39,6 +39,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from moonvit_kernels import registry
+
 from .. import launch_rules
 from . import sources as kcuda
 
@@ -255,9 +257,9 @@ def build_cubins(
 
     Returns `(file name, cubin bytes, report)` per instantiation, in catalogue order; ValueError for
     an architecture without a shared-memory entry in `sources.OPTIN_SMEM_PER_BLOCK`. Only the
-    instantiations built for `arch` (`sources.specs_for`): sm_90a gives the Hopper kernels alone."""
+    instantiations built for `arch` (`registry.specs_for`): sm_90a gives the Hopper kernels alone."""
     check_arch(arch)
-    jobs = [(s, arch) for s in kcuda.specs_for(arch, tuple(head_dims))]
+    jobs = [(s, arch) for s in registry.specs_for(arch, tuple(head_dims))]
     if workers <= 1:
         return [_cubin_job(j) for j in jobs]
     with ProcessPoolExecutor(max_workers=workers, mp_context=_SPAWN) as pool:
@@ -304,7 +306,7 @@ def run_checks(
     jobs = [
         (src, tuple(specs), arch)
         for arch in archs
-        for src, specs in kcuda.specs_by_source(kcuda.specs_for(arch, tuple(head_dims))).items()
+        for src, specs in kcuda.specs_by_source(registry.specs_for(arch, tuple(head_dims))).items()
     ]
     if workers <= 1:
         results = [_check_job(j) for j in jobs]

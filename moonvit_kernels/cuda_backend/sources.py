@@ -1,17 +1,16 @@
-"""The CUDA C kernels (`*.cu` beside this file) and the one catalogue of what is built from them.
+"""The CUDA C kernels (`*.cu` beside this file): their text, their compile options, how their templates are
+spelled and sized.
 
 Both the CuPy launchers (`moonvit_kernels.cuda_backend.launchers`) and the GPU-less compile check
 (`moonvit_kernels.cuda_backend.nvrtc_check`) read this module, so they compile the same text with the same
-options and the same template instantiations:
+options; which instantiations exist is `moonvit_kernels.registry` (`kernel_specs`, `specs_for(arch)`):
 
 - `load_source(name)` returns a `.cu` file with its local `#include "x.cuh"` headers inlined (CuPy
   caches compiled kernels by source text, so a header edit must change the text it sees);
 - `compile_options()` the NVRTC options (C++17, `-ftz=true` as CuPy adds it, the include directory for
   `cuda_bf16.h` of the CUDA major the NVRTC in use belongs to);
-- `kernel_specs(head_dims)` every kernel instantiation with its block size, dynamic shared memory
-  and the register bound the compile check asserts (`specs_for(arch)`: those built for one arch), as
-  `moonvit_kernels.registry` (the one list of every kernel of both backends) holds them; the C++ name
-  and shared-memory helpers below say how a `.cu` template is spelled and sized;
+- `KernelSpec`: one instantiation (file, C++ name, block size, dynamic shared memory, register bound); the
+  C++ name and shared-memory helpers below say how a `.cu` template is spelled and sized;
 - `OPTIN_SMEM_PER_BLOCK` / `SUPPORTED_HEAD_DIMS`: the shared memory a block may use per architecture
   and the attention head dims that fit it.
 
@@ -347,14 +346,6 @@ def attention_sm90_smem_bytes(head_dim: int) -> int:
     return q + 2 * (k + vraw + vt) + 8 * (1 + 4 * 2)
 
 
-def hopper_specs(head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:
-    """The sm_90a instantiations (`moonvit_kernels.registry`): gemm_bf16_sm90 at both tile widths for the
-    backend's (output, epilogue) pairs, flash_attn_sm90 at those of `head_dims` it supports (<= 128)."""
-    from .. import registry
-
-    return [e.spec for e in registry.entries(head_dims, "cuda", lambda e: HOPPER_ARCH in e.archs)]
-
-
 def _type_name(dtype: str) -> str:
     return "float" if dtype == "float32" else BF16
 
@@ -376,20 +367,6 @@ def merge_name(in_dtype: str, out_dtype: str) -> str:
 
 
 DTYPES = ("float32", "bfloat16")
-
-
-def kernel_specs(head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:
-    """Every instantiation the launchers use, attention at the given head dims, as `moonvit_kernels.registry`
-    lists them (with their register bounds and why): the portable ones, then the sm_90a ones (`hopper_specs`;
-    see `KernelSpec.archs` / `specs_for(arch)`). ValueError for a head dim no GPU supports."""
-    from .. import registry
-
-    return [e.spec for e in registry.entries(head_dims, "cuda")]
-
-
-def specs_for(arch: str, head_dims: tuple[int, ...] = (128,)) -> list[KernelSpec]:
-    """The instantiations the compile tier builds for `arch` (`KernelSpec.builds_for`)."""
-    return [s for s in kernel_specs(head_dims) if s.builds_for(arch)]
 
 
 def specs_by_source(specs: list[KernelSpec]) -> dict[str, list[KernelSpec]]:

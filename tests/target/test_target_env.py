@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moonvit_kernels import registry
+
 pytestmark = pytest.mark.target
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,7 +81,7 @@ def test_every_cuda_c_kernel_compiles_with_the_run_time_options(arch):
 
     err, major, minor = nvrtc.nvrtcVersion()
     assert (major, minor) == (13, 0), f"the target tier pins NVRTC 13.0 (driver 580), found {major}.{minor}"
-    specs = [s for s in kcuda.kernel_specs((128, 24)) + kcuda.hopper_specs((128, 64)) if s.builds_for(arch)]
+    specs = [s for s in registry.kernel_specs((128, 24)) + registry.hopper_specs((128, 64)) if s.builds_for(arch)]
     assert specs
     for source, group in kcuda.specs_by_source(specs).items():
         names = tuple(s.name for s in group)

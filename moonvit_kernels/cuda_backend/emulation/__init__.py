@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from moonvit_kernels import registry
 from moonvit_kernels.cuda_backend import sources as kcuda
 from moonvit_kernels.cuda_backend.launchers import cu_seqlens_int32, merge_sources, token_positions  # noqa: F401  (same tables)
 from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
@@ -43,7 +44,7 @@ def library() -> None:
     catalogue for the emulated device, as a GPU would compile them on first use."""
     if compiler() is None:
         raise RuntimeError("the CUDA C emulation needs a C++20 compiler (g++ >= 11); set CXX")
-    for source, specs in kcuda.specs_by_source(kcuda.kernel_specs()).items():
+    for source, specs in kcuda.specs_by_source(registry.kernel_specs()).items():
         if source in kcuda.PORTABLE_SOURCES:
             build.build_module(kcuda.load_source(source), tuple(s.name for s in specs), False)
 

@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from moonvit_kernels import registry
+
 from ... import launch_rules
 from . import build
 
@@ -360,7 +362,7 @@ def _register_bounds() -> dict[str, int]:
     from .. import sources as kcuda
 
     head_dims = tuple(range(8, kcuda.MAX_HEAD_DIM + 1, 8))
-    specs = kcuda.kernel_specs(head_dims) + kcuda.hopper_specs(tuple(h for h in head_dims if h <= 128))
+    specs = registry.kernel_specs(head_dims) + registry.hopper_specs(tuple(h for h in head_dims if h <= 128))
     return {s.name: s.max_registers for s in specs}
 
 
