@@ -38,6 +38,7 @@ fi
 if [ "$phase" = test ] || [ "$phase" = all ]; then
 # shellcheck disable=SC1091
 . .venv-target/bin/activate
-MOONVIT_TARGET_TIER=1 python -m pytest -p no:cacheprovider -o addopts="" -rs -q -m target tests/target
+# two workers, one xdist scope per module or class: the numba builds, the NVRTC builds and gpu_check run side by side
+MOONVIT_TARGET_TIER=1 python -m pytest -p no:cacheprovider -o addopts="" -n 2 --dist loadscope --timeout=900 -rs -q -m target tests/target
 echo "+ target tier tests done in $(( $(date +%s) - start )) s"
 fi

@@ -70,27 +70,31 @@ def test_the_reference_runs_on_the_bundled_checkpoint():
     assert [o.shape for o in outs] == [(12, 40), (4, 40)] and all(np.isfinite(o).all() for o in outs)
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
-def test_every_cuda_c_kernel_compiles_with_the_run_time_options(arch):
-    """NVRTC 13.0 with `sources.runtime_options` (what the Hopper launcher passes; CuPy adds its own arch
-    to the same shared options): every instantiation of the catalogue for `arch`, no spills."""
-    from cuda.bindings import nvrtc
+class TestCudaCCompiles:
+    """Its own xdist scope: the NVRTC builds run beside gpu_check's simulated run."""
 
-    from moonvit_kernels.cuda_backend import nvrtc_check
-    from moonvit_kernels.cuda_backend import sources as kcuda
+    @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
+    def test_every_cuda_c_kernel_compiles_with_the_run_time_options(self, arch):
+        """NVRTC 13.0 with `sources.runtime_options` (what the Hopper launcher passes; CuPy adds its own arch
+        to the same shared options): every instantiation of the catalogue for `arch`, no spills."""
+        from cuda.bindings import nvrtc
 
-    err, major, minor = nvrtc.nvrtcVersion()
-    assert (major, minor) == (13, 0), f"the target tier pins NVRTC 13.0 (driver 580), found {major}.{minor}"
-    specs = [s for s in registry.kernel_specs((128, 24)) + registry.hopper_specs((128, 64)) if s.builds_for(arch)]
-    assert specs
-    for source, group in kcuda.specs_by_source(specs).items():
-        names = tuple(s.name for s in group)
-        cubin, log, lowered = nvrtc_check.compile_text(kcuda.load_source(source), source, names, arch, strict=False)
-        assert cubin and set(lowered) == set(names), source
-        infos = nvrtc_check.parse_ptxas_log(log)
-        for name in names:
-            info = infos[lowered[name]]
-            assert info.spill_stores == 0 and info.spill_loads == 0, (source, name, info)
+        from moonvit_kernels.cuda_backend import nvrtc_check
+        from moonvit_kernels.cuda_backend import sources as kcuda
+
+        err, major, minor = nvrtc.nvrtcVersion()
+        assert (major, minor) == (13, 0), f"the target tier pins NVRTC 13.0 (driver 580), found {major}.{minor}"
+        every = registry.kernel_specs((128, 24)) + registry.hopper_specs((128, 64))
+        specs = [s for s in dict.fromkeys(every) if s.builds_for(arch)]
+        assert specs
+        for source, group in kcuda.specs_by_source(specs).items():
+            names = tuple(s.name for s in group)
+            cubin, log, lowered = nvrtc_check.compile_text(kcuda.load_source(source), source, names, arch, strict=False)
+            assert cubin and set(lowered) == set(names), source
+            infos = nvrtc_check.parse_ptxas_log(log)
+            for name in names:
+                info = infos[lowered[name]]
+                assert info.spill_stores == 0 and info.spill_loads == 0, (source, name, info)
 
 
 def test_tensor_maps_reach_the_driver_or_say_it_is_absent():
