@@ -41,7 +41,7 @@
 # words what is wrong — which case, which rows or columns differ, NaN, never written, out of bounds, a
 # race, the known bug it reproduces, or (where the exercise teaches speed) which access is uncoalesced or
 # bank-conflicted; `hint(name)` gives hints from a nudge to the algorithm, `solution(name)` prints a
-# solution (kept in `notebooks/solutions/`). The list is printed at the end of this notebook.
+# solution (kept in `moonvit_kernels/exercises/solutions/`). The list is printed at the end of this notebook.
 #
 # **No GPU needed.** On a laptop the kernels run on numba's CUDA *simulator* (one Python thread per
 # CUDA thread: correct but slow), so the notebooks pick tiny sizes there and real ones on a GPU.

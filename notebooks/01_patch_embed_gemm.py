@@ -537,7 +537,7 @@ print(note)
 # is also traced for coalescing: a correct kernel with scattered loads fails it. As committed, the gaps are
 # empty, so the checks report failures — that is expected. A failing check shows a first hint;
 # `hint("gemm_naive")` shows them all, `solution("gemm_naive")` prints a solution (from
-# `notebooks/solutions/`). If you have not written a kernel before, start with the warm-ups of 00a.
+# `moonvit_kernels/exercises/solutions/`). If you have not written a kernel before, start with the warm-ups of 00a.
 #
 # **A.** GEMM v1: one thread per output, `C[m, n] = Σ_k A[m, k]·B[n, k]`, on a 2-D grid of 16×16-thread
 # blocks laid out like C (`x` across the columns).

@@ -101,6 +101,11 @@ def test_wheel_holds_the_bundled_data(wheel_venv):
         assert needed in names, f"the wheel lacks {needed}"
     assert any(n.startswith("moonvit_kernels/data/golden_tiny/") for n in names)
     assert any(n.startswith("moonvit_kernels/cuda_backend/") and n.endswith(".cu") for n in names)
+    # every exercise's solution, so that `exercises.solution(name)` works from the wheel
+    solutions = Path(__file__).resolve().parents[1] / "moonvit_kernels" / "exercises" / "solutions"
+    for path in solutions.iterdir():
+        if path.suffix in (".py", ".cu"):
+            assert f"moonvit_kernels/exercises/solutions/{path.name}" in names, f"the wheel lacks solution {path.name}"
 
 
 def test_installed_package_comes_from_the_wheel(wheel_venv):

@@ -17,7 +17,8 @@ the stubs), unless `strict=True`. The kernel object (or source text) is passed i
 learner's cell after an edit checks the new kernel: nothing is cached by name.
 
 Hints go from a nudge to the algorithm: a failing check shows the first, `hint(name)` all of them.
-Solutions live in `notebooks/solutions/NN_<name>.py` (`.cu` for CUDA C); `solution(name)` prints one,
+Solutions live in `moonvit_kernels/exercises/solutions/NN_<name>.py` (`.cu` for CUDA C; shipped with the
+package); `solution(name)` prints one,
 and `load_solution(name)` loads it (the tests check every solution passes and every stub fails).
 """
 
@@ -30,7 +31,7 @@ from . import attention, cuda_c, encoder, gemm, hopper, merge, norm, rope, warmu
 from .core import OUT, Case, CheckResult, Exercise, ExerciseFailed, Suspect, ranges, run_check
 from .launch import launch_numba
 
-SOLUTIONS_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "solutions"
+SOLUTIONS_DIR = Path(__file__).resolve().parent / "solutions"
 
 EXERCISES: dict[str, Exercise] = {
     e.name: e
@@ -110,14 +111,14 @@ def catalogue() -> str:
 
 # ============================================================================ solutions
 def solution_path(name: str) -> Path:
-    """Path of the solution `notebooks/solutions/<notebook prefix>_<name>.py` (or `.cu`) of exercise `name`."""
+    """Path of the solution `solutions/<notebook prefix>_<name>.py` (or `.cu`) of exercise `name`."""
     ex = _exercise(name)
     prefix = ex.notebook.split("_", 1)[0]
     path = SOLUTIONS_DIR / f"{prefix}_{name}.{'cu' if ex.language == 'cuda_c' else 'py'}"
     if not path.is_file():
         raise FileNotFoundError(
-            f"solution {path.name} not found in {SOLUTIONS_DIR}: the solutions ship with the repository "
-            "(notebooks/solutions/), not with an installed wheel — use a checkout (pip install -e .)"
+            f"solution {path.name} not found in {SOLUTIONS_DIR}: this installation lacks the package's "
+            "solution files (reinstall moonvit_kernels)"
         )
     return path
 

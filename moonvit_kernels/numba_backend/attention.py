@@ -115,7 +115,7 @@ def make_attention_v1(head_dim: int, threads: int) -> Callable:
         for j in range(tid, n_keys, nt):
             s = _ZERO
             d = 0
-            while d < HD:  # not `range`: see v2
+            while d < HD:  # not `range`: CONTRIBUTING.md, "Hot loops: `while`, not `range`"
                 s += q_s[d] * qkv[kv_start + j, k_col + d]
                 d += 1
             scores[j] = s
@@ -213,8 +213,7 @@ def make_attention_v2(head_dim: int, block_q: int, block_k: int) -> Callable:
                     v_s[c, d] = _ZERO
             cuda.syncthreads()
 
-            # Hot loops are `while` loops with constant bounds, not `for ... in range`: numba's range
-            # indexes in signed 64 bits with negative-index wraparound, which blocks unrolling.
+            # hot loops: `while` with constant bounds, not `range` (CONTRIBUTING.md, "Hot loops: `while`, not `range`")
             s = _ZERO
             d = 0
             while d < HD:

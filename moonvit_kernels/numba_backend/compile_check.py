@@ -62,7 +62,7 @@ PACKAGE = "moonvit_kernels.numba_backend"
 MAX_INSTRUCTIONS_PER_FFMA = {"numba-cuda": 4.0, "numba-cuda-mlir": 4.0}
 HOT_LOOP_KERNELS = ("gemm_v3_", "attention_v2_")
 # - the innermost loop holding a barrier in these kernels (rope's per-head pass: 29 instructions under
-#   numba-cuda, 32 under numba-cuda-mlir; ~67 with signed 64-bit `range()` indices): at most this many;
+#   numba-cuda, 32 under numba-cuda-mlir): at most this many;
 MAX_PASS_INSTRUCTIONS = {"numba-cuda": {"rope2d_kernel": 32}, "numba-cuda-mlir": {"rope2d_kernel": 32}}
 # - no innermost loop of any kernel both stores and loads local memory: that keeps a variable in a stack
 #   frame across iterations (find_item's binary search under numba-cuda-mlir when lo/hi were updated in an

@@ -17,14 +17,9 @@ Versions (llm.c style: each keeps the idea of the previous one and changes one t
       TM·TN FMAs, so each shared load feeds several FMAs instead of one. Slab rows are padded
       to BM + 2 floats so that no shared access is bank-conflicted (`V3_*` layout constants).
 
-Hot loops are written as `while` loops over indices that start at 0 (or at a thread index)
-rather than `for ... in range(...)`: numba's range loop indexes in signed 64 bits and wraps
-negative indices: the 64-bit address arithmetic and wrap-around selects this adds cost several
-integer instructions per FFMA even where LLVM still unrolls the loop (notebook 07: a range() dot
-product unrolled by 4 at ~25 instructions per FFMA, the while version at ~6), and here they also
-kept LLVM from unrolling v3's constant kk loop (the SASS of v3's k-step went from a 16-FFMA
-loop body to 128 FFMAs per iteration, 1.55 instructions per FFMA; see compile_check and the
-compile-tier test).
+Hot loops are `while` loops over indices that start at 0 (or at a thread index), not `range` loops
+(CONTRIBUTING.md, "Hot loops: `while`, not `range`"); v3's constant kk loop is then fully unrolled
+(its per-FFMA budget is asserted by the compile tier, `compile_check.MAX_INSTRUCTIONS_PER_FFMA`).
 
 Epilogues, selected at launch; each (version, epilogue) pair is its own kernel, built by a
 factory with the epilogue id as a compile-time constant, so there is no per-element dispatch:
@@ -201,8 +196,7 @@ def _make_gemm_v3(epilogue: str) -> Any:
                 k = k0 + kk
                 b_tile[kk, r] = B[n, k] if (n < N and k < K) else float32(0.0)
             cuda.syncthreads()
-            # `while` with a constant bound, not `for ... in range`: numba's range loop indexes in
-            # signed 64 bits with negative-index wraparound: more integer work per FFMA, and no full unroll.
+            # `while` with a constant bound, not `range` (CONTRIBUTING.md, "Hot loops: `while`, not `range`")
             kk = 0
             while kk < BK:
                 for i in range(TM):

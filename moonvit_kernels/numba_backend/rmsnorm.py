@@ -40,8 +40,7 @@ def kernel_for(threads: int) -> Any:
             return
         partial = cuda.shared.array(THREADS, float32)
         acc = float32(0.0)
-        # `while`, not `for ... in range`: numba's range indexes in signed 64 bits with
-        # negative-index wraparound on every x[row, j]; here j provably starts at tid >= 0.
+        # `while`, not `range` (CONTRIBUTING.md, "Hot loops: `while`, not `range`"): j starts at tid >= 0
         j = tid
         while j < cols:
             v = x[row, j]

@@ -22,11 +22,10 @@ thread writes its value in place but also reads its partner's (column `j ^ 1`), 
 thread overwrites: a barrier between the reads and the writes of each pass keeps that race out
 (the launcher makes `blockDim.x` even so that a pair never straddles two passes).
 
-Indices and positions are uint32, the loops `while` loops: numba types integer arithmetic in 64
-bits, signed for `range()` and `threadIdx`, so a signed index costs a negative-index (wraparound)
-test and a signed `%` a 64-bit division routine. The `uint32(...)` around each sum keeps it one
-32-bit instruction and every value non-negative. That cut the SASS of a pass by more than half
-(sm_90, compile tier, model, no GPU: ~67 -> 29 instructions per value; 56 -> 32 registers).
+Indices and positions are uint32, the loops `while` loops (CONTRIBUTING.md, "Hot loops: `while`, not
+`range`"): the `uint32(...)` around each sum keeps it one 32-bit instruction and every value
+non-negative, and a `%` stays a 32-bit operation instead of a 64-bit division routine. The compile
+tier bounds the SASS of a pass (`compile_check.MAX_PASS_INSTRUCTIONS`).
 """
 
 from __future__ import annotations
