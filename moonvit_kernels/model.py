@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import interop
+from . import interop, packing
 from .config import VisionConfig
 from .device import gpu_available, simulator_enabled
 from .weights import check_weights
@@ -127,11 +127,14 @@ class MoonViT:
         host = self.computes_on_host
         device_inputs = interop.location(pixel_values) == "cuda" or interop.location(grid_thws) == "cuda"
         pv = interop.to_backend_pixels(pixel_values, self.backend_name, host)
-        grid = interop.to_host(grid_thws, "grid_thws")
+        if isinstance(grid_thws, packing.PackedBatch):
+            batch = packing.as_batch(grid_thws, self.config)
+        else:  # validated and packed once, here: the backend takes the batch as it is
+            batch = packing.pack(interop.to_host(grid_thws, "grid_thws"), self.config)
         interop.synchronize_torch_inputs(pixel_values, grid_thws)
         result = self.backend.forward(
             pv,
-            grid,
+            batch,
             return_intermediates=return_intermediates,
             as_numpy=as_numpy or (as_torch and host),
             on_layer=on_layer,

@@ -31,7 +31,8 @@ import numpy as np
 from scipy.special import erf
 
 from . import packing
-from .config import ROPE_MAX_SIDE, ROPE_THETA, VisionConfig
+from .config import ROPE_THETA, VisionConfig
+from .packing import validate_grid_thws
 from .weights import check_weights
 
 # Budget for one block of attention scores (heads x query rows x keys), in elements.
@@ -93,36 +94,6 @@ def _as_array(name: str, value: Any) -> np.ndarray:
         return np.asarray(value)
     except ValueError as e:
         raise ValueError(f"{name} is not a rectangular array ({e})") from None
-
-
-def validate_grid_thws(grid_thws: Any, config: VisionConfig) -> np.ndarray:
-    """Check `grid_thws [N, 3]` rows `(t, h, w)`; returns an int64 copy."""
-    g = _as_array("grid_thws", grid_thws)
-    if g.ndim == 1 and g.shape == (3,):
-        g = g[None]
-    if g.ndim != 2 or g.shape[1] != 3 or g.shape[0] == 0:
-        raise ValueError(f"grid_thws shape {g.shape} is not [N, 3] with N >= 1")
-    if not np.issubdtype(g.dtype, np.integer):
-        if np.issubdtype(g.dtype, np.floating) and np.all(np.isfinite(g)) and np.all(g == np.round(g)):
-            pass
-        else:
-            raise ValueError(f"grid_thws must hold integers, got dtype {g.dtype}")
-    g = g.astype(np.int64)
-    kh, kw = config.merge_kernel_size
-    for i, (t, h, w) in enumerate(g.tolist()):
-        if t < 1 or h < 1 or w < 1:
-            raise ValueError(f"grid_thws[{i}] = {(t, h, w)}: t, h, w must all be >= 1")
-        if t > config.init_pos_emb_time:
-            raise ValueError(
-                f"grid_thws[{i}] = {(t, h, w)}: t={t} frames exceeds init_pos_emb_time={config.init_pos_emb_time}"
-            )
-        if h > ROPE_MAX_SIDE or w > ROPE_MAX_SIDE:
-            raise ValueError(f"grid_thws[{i}] = {(t, h, w)}: h and w must be <= {ROPE_MAX_SIDE} (RoPE grid limit)")
-        if h % kh or w % kw:
-            raise ValueError(
-                f"grid_thws[{i}] = {(t, h, w)}: h must be divisible by {kh} and w by {kw} (merge_kernel_size)"
-            )
-    return g
 
 
 def cu_seqlens(grid_thws: np.ndarray) -> np.ndarray:

@@ -60,7 +60,8 @@ from moonvit_kernels.cuda_backend import tensor_maps
 from moonvit_kernels.cuda_backend.emulation import compiler
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
 from moonvit_kernels.plots import markdown_table
-from moonvit_kernels.plots.hopper import excerpt, plot_swizzle, swizzle_layout
+from moonvit_kernels.plots.hopper import plot_swizzle, swizzle_layout
+from moonvit_kernels.source_regions import region
 from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
 
 t_start = time.perf_counter()
@@ -79,10 +80,9 @@ else:
 print(f"numba kernels (the exercises) run on: {where()}; the Hopper kernels below run on the CPU emulator")
 
 
-def show(filename: str, start: str, end: str | None = None) -> None:
-    """Print the lines of a kernel file from the line holding `start` to the one holding `end`."""
-    text = (KERNEL_DIR / filename).read_text(encoding="utf-8")
-    print(f"// ---- {filename}\n" + excerpt(text, start, end))
+def show(filename: str, name: str) -> None:
+    """Print region `name` of a kernel file (its `// region: name` ... `// endregion` lines)."""
+    print(f"// ---- {filename}\n" + region(KERNEL_DIR / filename, name))
 
 
 # %% [markdown]
@@ -94,7 +94,7 @@ def show(filename: str, start: str, end: str | None = None) -> None:
 # (2,048 multiply-adds):
 
 # %%
-show("ptx.cuh", "d += a·b for one 16x8x16 tile", '"r"(a[0]), "r"(a[1])')
+show("ptx.cuh", "mma_sync_16x8x16")
 
 # %% [markdown]
 # Hopper's `wgmma.mma_async` is a *warpgroup* instruction: the 4 warps of a warpgroup (128 threads)
@@ -115,11 +115,11 @@ show("ptx.cuh", "d += a·b for one 16x8x16 tile", '"r"(a[0]), "r"(a[1])')
 # The wrappers in `ptx_sm90.cuh` (the operand list of the 64 accumulators is cut after its first line):
 
 # %%
-show("ptx_sm90.cuh", "// ---------------------------------------------------------------- warpgroup MMA", "d[i])::")
+show("ptx_sm90.cuh", "wgmma_fence")
 print("  ...")
-show("ptx_sm90.cuh", "// D[64 x 128] (+)= A[64 x 16]", '"%0, %1, %2')
+show("ptx_sm90.cuh", "wgmma_m64n128k16")
 print("      ...")
-show("ptx_sm90.cuh", '"}, %64, %65, p, 1, 1, 0, 0;', ': "+f"(d[0])')
+show("ptx_sm90.cuh", "wgmma_operands")
 
 # %% [markdown]
 # `"}, %64, %65, p, 1, 1, 0, 0"`: descriptor of A, descriptor of B, `scale-d` (0: ignore the old
@@ -175,7 +175,7 @@ fig
 # how it is laid out. The encoder, shared by the GPU build and the emulator (`sm90.cuh`):
 
 # %%
-show("sm90.cuh", "// The 64-bit shared-memory matrix descriptor", "}")
+show("sm90.cuh", "smem_descriptor")
 
 # %% [markdown]
 # The GEMM's consumer warpgroup builds one descriptor per 16-wide K slice of a 64-wide K tile. The
@@ -265,7 +265,7 @@ display(Markdown(markdown_table(("8 × 16-byte read", "wavefronts, plain rows (i
 # bounds, zero-filling the tail:
 
 # %%
-show("gemm_bf16.cu", "// Stage rows [row0, row0 + 128)", "cp_async_16(&dst[r][kc]")
+show("gemm_bf16.cu", "cp_async_stage")
 
 # %% [markdown]
 # On Hopper the host describes the whole global tensor once, in a 128-byte **tensor map**
@@ -279,7 +279,7 @@ M, N, K = 77, 150, 136  # tails in all three: 77 = 128·0 + 77, 150 = 128 + 22, 
 for name, m in (("A", tensor_maps.gemm_operand_map(M, K)), ("B", tensor_maps.gemm_operand_map(N, K))):
     print(f"{name}: dims {m.dims} (innermost first), row pitch {m.strides[0]} B, box {m.box}, "
           f"{m.swizzle}-byte swizzle, {m.box_bytes:,} bytes per box")  # fmt: skip
-show("ptx_sm90.cuh", "// Copy the box at element coordinates", ': "memory");')
+show("ptx_sm90.cuh", "tma_load_2d")
 
 # %% [markdown]
 # The copy is asynchronous too, and it does not count in `cp.async` groups: it **completes on an
@@ -334,8 +334,8 @@ else:
 # multiplies 64 rows of the tile). Its configuration and header:
 
 # %%
-show("gemm_bf16_sm90.cu", "// Block tile 128 x BN", "// The epilogue reads")
-show("gemm_bf16_sm90.cu", "struct GemmSm90Cfg", "};")
+show("gemm_bf16_sm90.cu", "gemm_sm90_tiles")
+show("gemm_bf16_sm90.cu", "gemm_sm90_config")
 
 # %% [markdown]
 # Two barriers per stage: `full[s]` (the producer's `arrive.expect_tx` plus the bytes of both boxes)
@@ -347,7 +347,7 @@ show("gemm_bf16_sm90.cu", "struct GemmSm90Cfg", "};")
 # spilling: `128 · (40 + 2 · 232) = 64,512 ≤ 65,536`.
 
 # %%
-show("gemm_bf16_sm90.cu", "if (wg == 0) {  // ---", "wgmma_fence_operands(acc);")
+show("gemm_bf16_sm90.cu", "gemm_sm90_roles")
 
 # %% [markdown]
 # Read the consumer loop in order: wait until stage `s` is full; `wgmma.fence`; 4 wgmmas (one per 16 of
@@ -366,8 +366,8 @@ show("gemm_bf16_sm90.cu", "if (wg == 0) {  // ---", "wgmma_fence_operands(acc);"
 # are ordinary stores — then `fence.proxy.async` makes the stores visible to wgmma:
 
 # %%
-show("flash_attn_sm90.cu", "// Vt[dim][key]", "mbar_arrive(&vfull[s]);")
-show("flash_attn_sm90.cu", "// P (unnormalised), packed", "attn_sm90_pv<HDP>(o, pa[kk]")
+show("flash_attn_sm90.cu", "attn_sm90_v_transpose")
+show("flash_attn_sm90.cu", "attn_sm90_pv")
 
 # %% [markdown]
 # ## 7. Both kernels on the CPU emulator, against NumPy

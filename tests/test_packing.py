@@ -49,3 +49,50 @@ def test_bad_grids_are_named(grid, match):
 def test_merge_needs_divisible_grids():
     with pytest.raises(ValueError, match=r"grid_thws\[0\] = \(1, 3, 4\)"):
         packing.merge_sources([(1, 3, 4)], (2, 2))
+
+
+# ---------------------------------------------------------------------------- a validated, packed batch
+def test_pack_holds_every_table_once_and_checks_the_model_limits():
+    from moonvit_kernels.config import VisionConfig
+
+    cfg = VisionConfig.tiny()
+    grid = [(1, 4, 6), (2, 2, 4)]
+    batch = packing.pack(grid, cfg)
+    assert batch.grid.dtype == np.int64 and batch.grid.tolist() == [list(g) for g in grid]
+    assert batch.tokens == 24 + 16
+    np.testing.assert_array_equal(batch.cu_seqlens, packing.cu_seqlens(grid))
+    np.testing.assert_array_equal(batch.token_positions, packing.token_positions(grid))
+    np.testing.assert_array_equal(batch.item_table, packing.item_table(grid))
+    np.testing.assert_array_equal(batch.merge_item_table, packing.item_table(grid, cfg.merge_kernel_size))
+    np.testing.assert_array_equal(batch.merge_sources, packing.merge_sources(grid, cfg.merge_kernel_size))
+    assert batch.merged_sizes == (6, 2)
+    assert packing.as_batch(batch, cfg) is batch  # packed for these limits: not validated again
+    with pytest.raises(ValueError, match=r"grid_thws\[0\] = \(1, 4, 6\): h must be divisible by 3"):
+        packing.as_batch(batch, cfg.replace(merge_kernel_size=(3, 2)))  # other limits: checked again
+    with pytest.raises(ValueError, match="exceeds init_pos_emb_time=1"):
+        packing.validate_grid_thws(batch, cfg.replace(init_pos_emb_time=1))
+    for bad, match in (([(1, 3, 4)], "h must be divisible by 2"), ([[1, 2]], r"not \[N, 3\]"), ([(0, 2, 2)], ">= 1")):
+        with pytest.raises(ValueError, match=match):
+            packing.pack(bad, cfg)
+
+
+def test_moonvit_validates_and_packs_once_and_the_backend_takes_the_batch(monkeypatch):
+    from moonvit_kernels.bundled import TINY_DIR
+    from moonvit_kernels.model import MoonViT
+    from moonvit_kernels.reference import vision_forward
+    from moonvit_kernels.weights import load_checkpoint
+
+    config, weights = load_checkpoint(TINY_DIR)
+    inputs = np.load(TINY_DIR / "inputs.npz")
+    calls = []
+    real_pack = packing.pack
+    monkeypatch.setattr(packing, "pack", lambda *a, **k: calls.append(a) or real_pack(*a, **k))
+    model = MoonViT(config, weights, backend="numpy")
+    seen = []
+    real_forward = model.backend.forward
+    monkeypatch.setattr(model.backend, "forward", lambda pv, g, **k: seen.append(g) or real_forward(pv, g, **k))
+    outputs = model(inputs["pixel_values"], inputs["grid_thws"])
+    assert len(calls) == 1 and isinstance(seen[0], packing.PackedBatch)
+    want = vision_forward(inputs["pixel_values"], inputs["grid_thws"], weights, config)
+    for got, w in zip(outputs, want, strict=True):
+        np.testing.assert_array_equal(got, w)

@@ -1,4 +1,4 @@
-"""plots.hopper: the swizzle tables read off an address function, the figure, source excerpts by marker."""
+"""plots.hopper: the swizzle tables read off an address function, the figure, the accumulator owners."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,6 @@ import pytest
 from moonvit_kernels.cuda_backend.emulation import compiler
 from moonvit_kernels.plots.hopper import (
     accumulator_owners,
-    excerpt,
     plot_accumulator_owners,
     plot_swizzle,
     swizzle_layout,
@@ -53,16 +52,6 @@ def test_plot_swizzle_draws_one_panel_per_layout():
     assert texts[8 + 0] == "1\nk8–15"  # row 1, slot 0 holds chunk 1 (elements k 8..15)
     with pytest.raises(ValueError, match="no layout"):
         plot_swizzle({})
-
-
-def test_excerpt_finds_lines_by_marker():
-    text = "a\n// start here\nb\nc // end\nd\n"
-    assert excerpt(text, "start here", "// end") == "// start here\nb\nc // end"
-    assert excerpt(text, "c //") == "c // end\nd"
-    with pytest.raises(ValueError, match="marker 'zzz' not found"):
-        excerpt(text, "zzz")
-    with pytest.raises(ValueError, match="end marker 'a' not found after 'start here'"):
-        excerpt(text, "start here", "a")  # only line 0 holds an "a": before the start
 
 
 def documented_registers(n: int) -> np.ndarray:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import reference
+from .. import packing, reference
 from ..config import VisionConfig
 from ..weights import bf16_bits_to_float32, check_weights, float32_to_bf16_bits
 from . import preflight as hopper_preflight
@@ -238,11 +238,11 @@ class CupyBackend:
         cfg, k, xp = self.config, self.k, self.xp
         if hasattr(grid_thws, "get") and not isinstance(grid_thws, np.ndarray):
             grid_thws = grid_thws.get()
+        batch = packing.as_batch(grid_thws, cfg)
         if xp is not np and isinstance(pixel_values, xp.ndarray):  # already on the device
-            grid = reference.validate_grid_thws(grid_thws, cfg)
-            pv = reference.check_pixels(pixel_values, grid, cfg, xp)
+            pv = reference.check_pixels(pixel_values, batch.grid, cfg, xp)
         else:
-            pv, grid = reference.validate_inputs(pixel_values, grid_thws, cfg)
+            pv, _ = reference.validate_inputs(pixel_values, batch, cfg)
         act = self.dtype  # dtype of GEMM operands, qkv and attention output
         H, hd, eps = cfg.vt_num_attention_heads, cfg.head_dim, cfg.vit_norm_eps
         L = pv.shape[0]
@@ -253,11 +253,11 @@ class CupyBackend:
             if return_intermediates:
                 stages[name] = self._as_float32(a)
 
-        token_pos = xp.asarray(k.token_positions(grid))
-        grid_dev = xp.asarray(grid.astype(np.int32))
-        bounds = k.cu_seqlens_int32(grid)
+        token_pos = xp.asarray(batch.token_positions)
+        grid_dev = xp.asarray(batch.grid32)
+        bounds = batch.cu_seqlens
         bounds_dev = xp.asarray(bounds)
-        merge_src = xp.asarray(k.merge_sources(grid, cfg.merge_kernel_size))
+        merge_src = xp.asarray(batch.merge_sources)
 
         x = self.gemm(self._upload_operand(pv.reshape(L, -1)), self.patch_w, out_dtype="float32")
         keep("patch_embed", x)
@@ -286,8 +286,7 @@ class CupyBackend:
         projected = k.rmsnorm(y, self.post_norm, cfg.projector_ln_eps, out_dtype="float32")
         keep("projected", projected)
 
-        kh, kw = cfg.merge_kernel_size
-        sizes = [(h_ // kh) * (w_ // kw) for _, h_, w_ in grid.tolist()]
+        sizes = batch.merged_sizes
         ends = np.cumsum(sizes).tolist()
         outputs = [projected[e - n : e] for n, e in zip(sizes, ends, strict=True)]
         if as_numpy:

@@ -104,6 +104,7 @@ __global__ void __launch_bounds__(AttnSm90Cfg<HD>::THREADS, AttnSm90Cfg<HD>::BLO
           tma_load_3d(sV(s) + d * BKV * 128, &tm_raw, 64 * d, 2 * H + head, start + j * BKV, &vraw[s]);
       }
       mbar_wait(&vraw[s], par);
+      // region: attn_sm90_v_transpose
       // Vt[dim][key]: row `dim` of 128 bytes, 16-byte chunk c (keys 8c..8c+7) at chunk c ^ (dim % 8)
       const unsigned short* v = reinterpret_cast<const unsigned short*>(sV(s));
       for (int idx = t; idx < HDP * (BKV / 8); idx += 128) {
@@ -116,6 +117,7 @@ __global__ void __launch_bounds__(AttnSm90Cfg<HD>::THREADS, AttnSm90Cfg<HD>::BLO
       }
       fence_proxy_async();  // the generic-proxy stores above are read by wgmma (async proxy)
       mbar_arrive(&vfull[s]);
+      // endregion
     }
   } else {  // ------------------------------------------------------ consumer
     const int warp = t / 32, lane = t % 32;
@@ -168,6 +170,7 @@ __global__ void __launch_bounds__(AttnSm90Cfg<HD>::THREADS, AttnSm90Cfg<HD>::BLO
       }
 #pragma unroll
       for (int i = 0; i < HDP / 2; ++i) o[i] *= corr[(i % 4) / 2];
+      // region: attn_sm90_pv
       // P (unnormalised), packed into the A fragment of wgmma: slice kk = keys 16kk..16kk+15 is
       // {keys 8(2kk) row r, row r+8, keys 8(2kk+1) row r, row r+8} = sc[8kk + 0..7] in pairs.
       unsigned pa[BKV / 16][4];
@@ -187,6 +190,7 @@ __global__ void __launch_bounds__(AttnSm90Cfg<HD>::THREADS, AttnSm90Cfg<HD>::BLO
 #pragma unroll
       for (int kk = 0; kk < BKV / 16; ++kk)
         attn_sm90_pv<HDP>(o, pa[kk], wgmma_desc(vt_addr + kk * 32, 16, 1024, WGMMA_SWIZZLE_128B));
+      // endregion
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operands(o);

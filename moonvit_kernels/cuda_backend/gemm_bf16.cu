@@ -25,6 +25,7 @@ constexpr int LDS = BK + 8;                          // padded shared row, in el
 constexpr int CHUNKS = BK / 8;                       // 16-byte chunks per tile row
 }  // namespace gemm_bf16_cfg
 
+// region: cp_async_stage
 // Stage rows [row0, row0 + 128) x columns [k0, k0 + 32) of src[rows, K] into dst[128][LDS],
 // writing zeros outside [0, rows) x [0, K).
 // Which lane copies which 16-byte chunk: a warp copies 8 rows x 4 chunks, and a 16-byte shared store is
@@ -42,6 +43,7 @@ __device__ __forceinline__ void gemm_bf16_load_tile(bf16 (*dst)[gemm_bf16_cfg::L
     if (vec) {  // K % 8 == 0: a chunk is either wholly inside or wholly outside
       const bool ok = gr < rows && gk < K;
       cp_async_16(&dst[r][kc], ok ? src + (size_t)gr * K + gk : src, ok);
+// endregion
     } else {
       const unsigned short* s = reinterpret_cast<const unsigned short*>(src);
       unsigned v[8];

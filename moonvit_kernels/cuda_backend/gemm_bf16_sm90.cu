@@ -5,6 +5,7 @@
 // EPI_GELU_ERF, EPI_RESIDUAL (C = R + A·Bᵀ, R may alias C). Any M, N; K % 8 == 0 and 16-byte aligned
 // A, B (the tensor maps need 16-byte global strides); other K take the mma.sync kernel.
 //
+// region: gemm_sm90_tiles
 // Block tile 128 x BN (BN = 128 or 256, a template argument), K step 64 (64 bf16 = 128 bytes: one
 // 128-byte-swizzled row), a 4-stage ring.
 // 3 warpgroups, specialised:
@@ -21,11 +22,13 @@
 // so waits use the round's parity (the producer's first wait, on a fresh barrier, uses parity 1,
 // which counts as already complete).
 // The epilogue reads the accumulators in wgmma's fragment layout and stores with bounds checks.
+// endregion
 #include "common.cuh"
 #include "ptx_sm90.cuh"
 
 // BN_ = 128 or 256 (the N extent of the block tile and of each consumer's wgmma).
 template <int BN_>
+// region: gemm_sm90_config
 struct GemmSm90Cfg {
   static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = 4;
   static constexpr int CONSUMERS = 2, THREADS = 128 * (1 + CONSUMERS);
@@ -41,6 +44,7 @@ struct GemmSm90Cfg {
   static_assert(BK * 2 == SWIZZLE_ROW_BYTES, "a K tile row is one 128-byte swizzle row");
   static_assert(A_STAGE_BYTES % 1024 == 0 && B_STAGE_BYTES % 1024 == 0, "every tile starts on a 1024-byte boundary");
 };
+// endregion
 
 // acc (+)= the consumer's 64 rows x BN columns for one k16 slice.
 template <int BN>
@@ -99,6 +103,7 @@ __global__ void __launch_bounds__(GemmSm90Cfg<BN_>::THREADS, 1)
   }
   __syncthreads();
 
+  // region: gemm_sm90_roles
   if (wg == 0) {  // ------------------------------------------------ producer
     setmaxnreg_dec<Cfg::PRODUCER_REGS>();
     if (t == 0) {
@@ -138,6 +143,7 @@ __global__ void __launch_bounds__(GemmSm90Cfg<BN_>::THREADS, 1)
     }
     wgmma_wait<0>();
     wgmma_fence_operands(acc);
+  // endregion
 
     const int warp = t / 32, lane = t % 32;
 #pragma unroll

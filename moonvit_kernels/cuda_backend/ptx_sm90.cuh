@@ -50,6 +50,7 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 }
 
 // ---------------------------------------------------------------- tensor memory accelerator
+// region: tma_load_2d
 // Copy the box at element coordinates (c0 = innermost, c1) of the tensor `map` describes into shared
 // memory at `dst` (128-byte aligned), swizzled as the map says; out-of-range elements are written as
 // zeros; completion adds the box's bytes to `bar`'s transaction count.
@@ -59,6 +60,7 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, int c0
           sm90_smem_addr(dst)),
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(sm90_smem_addr(bar))
       : "memory");
+// endregion
 }
 // The 3-D form: box at element coordinates (c0 innermost, c1, c2).
 __device__ __forceinline__ void tma_load_3d(void* dst, const TmaMap* map, int c0, int c1, int c2,
@@ -75,6 +77,7 @@ __device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
 // Order this thread's ordinary shared-memory writes before later async-proxy (wgmma, copy engine) accesses.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// region: wgmma_fence
 // ---------------------------------------------------------------- warpgroup MMA (4 consecutive warps)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -88,8 +91,10 @@ template <int R>
 __device__ __forceinline__ void wgmma_fence_operands(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+// endregion
 }
 
+// region: wgmma_m64n128k16
 // D[64 x 128] (+)= A[64 x 16] · B[128 x 16]ᵀ, A and B K-major in shared memory (descriptors), bf16 in,
 // fp32 accumulators: thread t of the warpgroup holds d[4i + j] = D[16(t/32) + (t%32)/4 + 8(j/2)][8i + 2(t%4) + j%2].
 // scale_d = 0 ignores the incoming accumulators (D = A·Bᵀ).
@@ -99,11 +104,14 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], unsigned lon
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+// endregion
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      // region: wgmma_operands
       "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      // endregion
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),

@@ -15,6 +15,7 @@ struct __align__(64) TmaMap {
 #define WGMMA_SWIZZLE_64B 2
 #define WGMMA_SWIZZLE_32B 3
 
+// region: smem_descriptor
 // The 64-bit shared-memory matrix descriptor of wgmma.mma_async (PTX ISA, "Matrix Descriptor Format"):
 //   bits  0..13  start address            (shared address >> 4, 18 address bits)
 //   bits 16..29  leading-dimension byte offset >> 4
@@ -28,3 +29,4 @@ __device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_addr, uns
   return (unsigned long long)((smem_addr & 0x3FFFFu) >> 4) | ((unsigned long long)((lbo_bytes >> 4) & 0x3FFFu) << 16) |
          ((unsigned long long)((sbo_bytes >> 4) & 0x3FFFu) << 32) | ((unsigned long long)(swizzle_mode & 3) << 62);
 }
+// endregion

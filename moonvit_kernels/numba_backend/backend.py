@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import packing
 from ..config import VisionConfig
-from ..reference import layer_weight_names, validate_grid_thws, validate_inputs
+from ..reference import layer_weight_names, validate_inputs
 from ..weights import check_weights
 from . import _cuda
 from . import attention as attention_k
@@ -41,7 +42,7 @@ from . import rope as rope_k
 from ._cuda import cuda
 from .compilers import ENV_VAR, compiler_name
 from .input_check import first_nonfinite_row
-from .launch import cu_seqlens_table, device_array, grid_table, is_device_array, item_table
+from .launch import device_array, is_device_array
 
 
 @dataclass
@@ -143,10 +144,10 @@ class NumbaBackend:
     def _gemm(self, a: Any, b: Any, epilogue: str = "none", residual: Any = None, out: Any = None) -> Any:
         return gemm_k.gemm(a, b, epilogue=epilogue, residual=residual, out=out, version=self.gemm_version)
 
-    def _pixels_on_device(self, pixel_values: Any, grid: np.ndarray) -> Any:
+    def _pixels_on_device(self, pixel_values: Any, batch: packing.PackedBatch) -> Any:
         """`[L, 3·p·p]` float32 on the device, validated (shape, dtype, finite); device arrays stay there."""
         p = self.config.patch_size
-        L = int(np.sum(np.prod(grid, axis=1)))
+        L = batch.tokens
         if is_device_array(pixel_values) or hasattr(pixel_values, "__cuda_array_interface__"):
             pv = pixel_values if is_device_array(pixel_values) else cuda.as_cuda_array(pixel_values)
             if np.dtype(pv.dtype) != np.float32:
@@ -160,7 +161,7 @@ class NumbaBackend:
             if bad >= 0:
                 raise ValueError(f"pixel_values holds non-finite values (NaN/Inf; first in patch {bad})")
             return pv
-        pv, _ = validate_inputs(pixel_values, grid, self.config)
+        pv, _ = validate_inputs(pixel_values, batch, self.config)
         return cuda.to_device(np.ascontiguousarray(pv.reshape(L, 3 * p * p)))
 
     # ------------------------------------------------------------------ forward
@@ -177,13 +178,12 @@ class NumbaBackend:
         `on_layer(i)` is called after encoder block i."""
         self._check_device()
         c = self.config
-        grid = validate_grid_thws(grid_thws, c)
-        x_in = self._pixels_on_device(pixel_values, grid)
+        batch = packing.as_batch(grid_thws, c)
+        x_in = self._pixels_on_device(pixel_values, batch)
         H, hd = c.vt_num_attention_heads, c.head_dim
         L = int(x_in.shape[0])
-        grid32 = grid_table(grid)
-        grid_d = cuda.to_device(grid32)
-        tables = attention_k.attention_tables(cu_seqlens_table(grid32), L)  # cu_seqlens + tiles, uploaded once
+        grid_d = cuda.to_device(batch.grid32)
+        tables = attention_k.attention_tables(batch.cu_seqlens, L)  # cu_seqlens + tiles, uploaded once
         ws = Workspace.allocate(L, c.vt_hidden_size, c.qkv_hidden_size, H, c.vt_intermediate_size)
         stages: dict[str, np.ndarray] = {}
 
@@ -194,7 +194,7 @@ class NumbaBackend:
         x = self._gemm(x_in, self.patch_w)
         keep("patch_embed", x)
         pos_emb_k.add_position_embedding(
-            x, self.pos_w, self.time, cuda.to_device(item_table(grid32)), mode=c.pos_emb_interpolation_mode
+            x, self.pos_w, self.time, cuda.to_device(batch.item_table), mode=c.pos_emb_interpolation_mode
         )
         keep("pos_emb", x)
         for i, layer in enumerate(self.layers):
@@ -211,9 +211,8 @@ class NumbaBackend:
                 on_layer(i)
         rmsnorm_k.rmsnorm(x, self.final_norm, c.vit_norm_eps, out=x, rstd=ws.rstd)
         keep("final_norm", x)
-        kh, kw = c.merge_kernel_size
-        sizes = [(h // kh) * (w // kw) for _, h, w in grid.tolist()]
-        merged = merge_k.merge_gather(x, item_table(grid32, c.merge_kernel_size), c.merge_kernel_size, sum(sizes))
+        sizes = batch.merged_sizes
+        merged = merge_k.merge_gather(x, batch.merge_item_table, c.merge_kernel_size, sum(sizes))
         keep("merged", merged)
         y = self._gemm(self._gemm(merged, self.proj0, "gelu_erf"), self.proj2)
         rmsnorm_k.rmsnorm(y, self.post_norm, c.projector_ln_eps, out=y)

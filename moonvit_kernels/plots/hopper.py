@@ -1,4 +1,5 @@
-"""Hopper layouts: where the swizzle puts each 16-byte chunk of a shared-memory row, and source excerpts.
+"""Hopper layouts: where the swizzle puts each 16-byte chunk of a shared-memory row, and who holds each
+accumulator element.
 
 - `swizzle_layout(swizzle, span)`: for an 8-row atom of `span`-byte rows, the chunk position that
   logical chunk j of row r is stored at, read off an address function (the emulator's model of the
@@ -7,8 +8,6 @@
   coloured and labelled by the logical chunk it holds; the x axis names the 4 banks of each slot.
 - `accumulator_owners(registers)` / `plot_accumulator_owners`: which thread and register of a warpgroup
   holds element (m, n) of a wgmma m64nNk16 accumulator, read off a run where D[m, n] = 64·m + n.
-- `excerpt(text, start, end)`: the lines of a source file between two markers, so a notebook shows a
-  piece of a kernel found by its text, not by line numbers that drift.
 """
 
 from __future__ import annotations
@@ -121,18 +120,3 @@ def plot_accumulator_owners(thread: np.ndarray, register: np.ndarray, rows: int 
     right.set_xticks(range(thread.shape[1]))
     right.set_yticks(range(rows))
     return fig
-
-
-def excerpt(text: str, start: str, end: str | None = None) -> str:
-    """Lines of `text` from the first line containing `start` through the first later line containing `end`
-    (to the end of the text when `end` is None). ValueError naming the marker that is missing."""
-    lines = text.splitlines()
-    first = next((i for i, line in enumerate(lines) if start in line), None)
-    if first is None:
-        raise ValueError(f"marker {start!r} not found in the source")
-    if end is None:
-        return "\n".join(lines[first:])
-    last = next((i for i in range(first + 1, len(lines)) if end in lines[i]), None)
-    if last is None:
-        raise ValueError(f"end marker {end!r} not found after {start!r}")
-    return "\n".join(lines[first : last + 1])
