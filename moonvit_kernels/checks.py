@@ -11,7 +11,8 @@ test suite, `gpu_check` and the Hopper preflight share.
   last included (GEMM rows and attention query rows are independent, so a sample checks them exactly).
 - **Wants.** float64 results of one stage on exactly the inputs a kernel saw (bf16-rounded where it read
   bf16), from `moonvit_kernels.reference`: `gemm_want`, `attention_want`, `rmsnorm_want`, `rope_want`,
-  `pos_emb_want`, `merge_want`.
+  `pos_emb_want`, `merge_want`, `input_check_want`. Each registry entry names its check case
+  (`registry.KernelEntry.check`, `.want()`).
 """
 
 from __future__ import annotations
@@ -147,3 +148,10 @@ def merge_want(x: np.ndarray, grid_thws: np.ndarray, merge_kernel_size: tuple[in
     """float64 `[Σ merged tokens, kh·kw·D]`: every item's temporal-pool patch merge, flattened slot-major."""
     items = ref.tpool_patch_merger(np.asarray(x, np.float64), grid_thws, merge_kernel_size)
     return np.concatenate([m.reshape(m.shape[0], -1) for m in items], axis=0)
+
+
+def input_check_want(x: np.ndarray) -> int:
+    """The first row of `x [rows, cols]` holding NaN or Inf, -1 when every value is finite (what the
+    device input check reports)."""
+    bad = np.flatnonzero(~np.isfinite(np.asarray(x)).all(axis=1))
+    return int(bad[0]) if bad.size else -1

@@ -63,7 +63,7 @@ class KernelEntry:
     dynamic_smem: int = 0
     max_stack: int = 0
     trace_job: str | None = None
-    check: str = ""  # defaults to `stage`
+    check: str = ""  # the check case: `checks.<check>_want` is the expected result (defaults to `stage`)
     # CUDA C
     source: str = ""
     name: str = ""
@@ -126,6 +126,15 @@ class KernelEntry:
         elif self.args:
             target = target(*self.args)
         return getattr(target, "py_func", target)
+
+    def want(self) -> Callable:
+        """The float64 expected result of this entry's check case: `moonvit_kernels.checks.<check>_want`."""
+        from . import checks
+
+        want = getattr(checks, f"{self.check}_want", None)
+        if want is None:
+            raise ValueError(f"registry entry {self.label}: check case {self.check!r} has no checks.{self.check}_want")
+        return want
 
     def numba_signature(self) -> str:
         """The numba entry's signature string, from its module."""

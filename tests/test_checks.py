@@ -113,3 +113,10 @@ def test_rope_merge_and_rmsnorm_wants_leave_what_they_must():
     y, rstd = checks.rmsnorm_want(x, np.ones(5), 1e-6)
     np.testing.assert_allclose(rstd, 1 / np.sqrt((x.astype(np.float64) ** 2).mean(1) + 1e-6), rtol=1e-12)
     np.testing.assert_allclose(y, x * rstd[:, None], rtol=1e-12)
+
+
+def test_input_check_want_names_the_first_bad_row():
+    x = checks.random(np.random.default_rng(6), (9, 4))
+    assert checks.input_check_want(x) == -1
+    x[7, 1], x[3, 0] = np.nan, np.inf
+    assert checks.input_check_want(x) == 3

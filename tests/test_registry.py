@@ -219,3 +219,11 @@ def test_other_bad_requests_are_refused():
         lm.Model(peak="fp16")
     with pytest.raises(ValueError, match="GEMM epilogue 'relu' has no K3 layer"):
         lm.gemm("relu", 4, 4, 64, 64)
+
+
+def test_every_entry_names_a_check_case_with_a_want():
+    for e in registry.entries((128, 24)):
+        assert callable(e.want()), e.label
+    bad = dataclasses.replace(registry.entries()[0], check="no_such_stage")
+    with pytest.raises(ValueError, match="check case 'no_such_stage' has no checks.no_such_stage_want"):
+        bad.want()
