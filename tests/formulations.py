@@ -10,6 +10,8 @@ import numpy as np
 
 from moonvit_kernels.config import VisionConfig
 
+TIGHT = dict(rtol=1e-12, atol=1e-12)  # float64 vs float64, different summation order
+
 
 def rnd(shape, seed, scale=1.0):
     return scale * np.random.default_rng(seed).standard_normal(shape)

@@ -1,30 +1,20 @@
-"""gpu tier: the numba kernels and the numba forward at real K3 sizes (skipped without a GPU).
+"""gpu tier: the numba forward at real K3 sizes and the register table on this GPU (skipped without a GPU).
 
-Same checks as the simulator tests, at the sizes the model really runs: D = 1024, Q = 1536
-(12 heads of 128), I = 4096, awkward token counts, an image and a video packed together.
+Each numba kernel's own real-size check lives with its stage (tests/stages/test_<stage>.py, class TestGpu), at
+the sizes of `tiers.GPU_GRID`: an image and a video packed together, D = 1024, 12 heads of 128.
 """
 
 import numpy as np
 import pytest
 from helpers import assert_close, random_pixels
+from tiers import GPU_GRID, K3
 
 from moonvit_kernels import reference as ref
 from moonvit_kernels.compare import compare_stages
-from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.model import MoonViT
 from moonvit_kernels.weights import random_weights
 
 pytestmark = pytest.mark.gpu
-
-K3 = VisionConfig.k3()
-# a 30x46-patch image (interpolated from the 64x64 grid) and a 3-frame 16x12 video: GPU_L = 1956
-GPU_GRID = np.array([[1, 30, 46], [3, 16, 12]])
-GPU_L = int(np.sum(np.prod(GPU_GRID, axis=1)))
-GPU_RNG = np.random.default_rng(2026)
-
-
-def gpu_rand(*shape, scale=1.0):
-    return (GPU_RNG.standard_normal(shape) * scale + 0.1).astype(np.float32)
 
 
 def test_numba_forward_real_dimensions():

@@ -20,7 +20,6 @@ from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.weights import random_weights
 
 TINY = VisionConfig.tiny()
-TIGHT = dict(rtol=1e-12, atol=1e-12)  # float64 vs float64, different summation order
 
 
 # ============================================================================ 1. patch embedding

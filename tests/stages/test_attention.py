@@ -8,26 +8,20 @@ from cuda_kernel_checks import (
     check_attention,
 )
 from formulations import (
+    TIGHT,
     attention_loop,
     rnd,
 )
 from helpers import FP32_EPS, assert_close, fp32_rtol
+from tiers import EMULATOR, GPU_GRID, GPU_L, K3, gpu_rand
 
-from moonvit_kernels import reference
 from moonvit_kernels import reference as ref
-from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.cuda_backend import emulation
-from moonvit_kernels.numba_backend import attention as attention_k
 from moonvit_kernels.numba_backend import attention as attn
 from moonvit_kernels.numba_backend.launch import cu_seqlens_table
 from moonvit_kernels.xray import counters
 
 # ============================================================================
 # reference: against the second formulations in tests/formulations.py
-TINY = VisionConfig.tiny()
-
-
-TIGHT = dict(rtol=1e-12, atol=1e-12)  # float64 vs float64, different summation order
 
 
 def packed_qkv(sizes, H=2, hd=12, seed=70):
@@ -119,7 +113,7 @@ def run(q, k, v, cu, launch):
 def check_against_reference(q, k, v, cu, launch, name):
     """Compare o and lse with the float64 reference; tolerances follow the fp32 rounding of the scores."""
     L, H, hd = q.shape
-    ref_o, ref_lse = reference.attention(
+    ref_o, ref_lse = ref.attention(
         q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), cu, return_lse=True
     )
     o, lse = run(q, k, v, cu, launch)
@@ -318,16 +312,7 @@ class TestNumba:
 # ============================================================================
 # CUDA C kernel on the CPU emulator, through the real launchers
 class TestCudaEmulator:
-    pytestmark = [
-        pytest.mark.emulator,
-        pytest.mark.skipif(emulation.compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation"),
-    ]
-
-    @pytest.fixture(scope="class")
-    def k(self):
-        """The CUDA C launchers' API on the CPU emulator (built once, cached in the temp dir by source hash)."""
-        emulation.library()
-        return emulation
+    pytestmark = EMULATOR
 
     @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
     @pytest.mark.parametrize(
@@ -341,38 +326,9 @@ class TestCudaEmulator:
 
 # ============================================================================
 # GPU (CuPy launchers and numba kernels at real sizes; skipped without a GPU)
-gpu = pytest.mark.gpu
-
-
-K3 = VisionConfig.k3()
-
-
-# a 30x46-patch image (interpolated from the 64x64 grid) and a 3-frame 16x12 video: GPU_L = 1956
-GPU_GRID = np.array([[1, 30, 46], [3, 16, 12]])
-
-
-GPU_L = int(np.sum(np.prod(GPU_GRID, axis=1)))
-
-
-GPU_RNG = np.random.default_rng(2026)
-
-
-def gpu_rand(*shape, scale=1.0):
-    return (GPU_RNG.standard_normal(shape) * scale + 0.1).astype(np.float32)
-
-
 class TestGpu:
     pytestmark = [pytest.mark.gpu]
 
-    @pytest.fixture(scope="class")
-    def k(self):
-        """The CUDA C launchers through CuPy on this machine's GPU."""
-        pytest.importorskip("cupy", reason="CuPy not installed (pip install -e '.[cuda13]')")
-        from moonvit_kernels.cuda_backend import launchers as cupy_kernels
-
-        return cupy_kernels
-
-    @gpu
     @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
     @pytest.mark.parametrize(
         "head_dim, heads, lens",
@@ -389,12 +345,12 @@ class TestGpu:
     def test_attention(self, k, dtype, head_dim, heads, lens):
         check_attention(k, dtype, head_dim, heads, lens)
 
-    @pytest.mark.parametrize("version", attention_k.VERSIONS)
+    @pytest.mark.parametrize("version", attn.VERSIONS)
     def test_attention_real_size(self, version):
         H, hd = K3.vt_num_attention_heads, K3.head_dim
         qkv = gpu_rand(GPU_L, 3 * H * hd)
         cu = cu_seqlens_table(GPU_GRID)
-        o, lse = attention_k.attention(qkv, cu, H, version=version)
+        o, lse = attn.attention(qkv, cu, H, version=version)
         q, k, v = (qkv[:, s * H * hd : (s + 1) * H * hd].reshape(GPU_L, H, hd).astype(np.float64) for s in range(3))
         want, want_lse = ref.attention(q, k, v, cu, return_lse=True)
         assert_close(o.copy_to_host(), want.reshape(GPU_L, H * hd), rtol=1e-4, atol=1e-4, name=f"attention v{version}")

@@ -6,6 +6,7 @@ from cuda_kernel_checks import (
     check_gemm,
 )
 from formulations import (
+    TIGHT,
     conv2d_loop,
     cut_patches,
     gelu_erf_formula,
@@ -14,14 +15,12 @@ from formulations import (
     rnd,
 )
 from helpers import assert_close, fp32_rtol
+from tiers import EMULATOR, GPU_L, K3, gpu_rand
 
-from moonvit_kernels import reference
 from moonvit_kernels import reference as ref
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.cuda_backend.sources import EPILOGUES
 from moonvit_kernels.numba_backend import gemm as G
-from moonvit_kernels.numba_backend import gemm as gemm_k
 from moonvit_kernels.numba_backend import launch
 from moonvit_kernels.weights import random_weights
 from moonvit_kernels.xray import counters
@@ -29,9 +28,6 @@ from moonvit_kernels.xray import counters
 # ============================================================================
 # reference: against the second formulations in tests/formulations.py
 TINY = VisionConfig.tiny()
-
-
-TIGHT = dict(rtol=1e-12, atol=1e-12)  # float64 vs float64, different summation order
 
 
 class TestReference:
@@ -93,9 +89,9 @@ def operands(M: int, N: int, K: int, seed: int) -> tuple[np.ndarray, np.ndarray,
 def expected(a: np.ndarray, b: np.ndarray, epilogue: str, res: np.ndarray) -> np.ndarray:
     c = a.astype(np.float64) @ b.astype(np.float64).T
     if epilogue == "gelu_tanh":
-        return reference.gelu_tanh(c)
+        return ref.gelu_tanh(c)
     if epilogue == "gelu_erf":
-        return reference.gelu_erf(c)
+        return ref.gelu_erf(c)
     if epilogue == "residual":
         return c + res
     return c
@@ -189,8 +185,8 @@ class TestNumba:
         pixels = r.standard_normal((13, 3, cfg.patch_size, cfg.patch_size)).astype(np.float32)
         got = G.gemm(pixels.reshape(13, -1), w.reshape(w.shape[0], -1), version=3).copy_to_host()
         K = cfg.patch_dim
-        ref = reference.patch_embed(pixels.astype(np.float64), w.astype(np.float64))
-        assert_close(got, ref, rtol=fp32_rtol(K), atol=fp32_rtol(K) * np.sqrt(K), name="patch_embed")
+        want = ref.patch_embed(pixels.astype(np.float64), w.astype(np.float64))
+        assert_close(got, want, rtol=fp32_rtol(K), atol=fp32_rtol(K) * np.sqrt(K), name="patch_embed")
 
     def test_compile_tier_builds_every_kernel(self):
         from moonvit_kernels import registry
@@ -267,16 +263,7 @@ def _float32_at(shape: tuple[int, int], misalign: int, fill: np.ndarray | None =
 
 
 class TestCudaEmulator:
-    pytestmark = [
-        pytest.mark.emulator,
-        pytest.mark.skipif(emulation.compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation"),
-    ]
-
-    @pytest.fixture(scope="class")
-    def k(self):
-        """The CUDA C launchers' API on the CPU emulator (built once, cached in the temp dir by source hash)."""
-        emulation.library()
-        return emulation
+    pytestmark = EMULATOR
 
     @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
     @pytest.mark.parametrize("shape", GEMM_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -319,10 +306,6 @@ class TestCudaEmulator:
 
 # ============================================================================
 # GPU (CuPy launchers and numba kernels at real sizes; skipped without a GPU)
-gpu = pytest.mark.gpu
-
-
-K3 = VisionConfig.k3()
 
 
 AWKWARD_GEMMS = [(37, 150, 72), (20, 131, 45), (1, 7, 16), (130, 9, 588), (257, 300, 1000)]
@@ -343,56 +326,31 @@ REAL_GEMMS = [
 ]
 
 
-# a 30x46-patch image (interpolated from the 64x64 grid) and a 3-frame 16x12 video: GPU_L = 1956
-GPU_GRID = np.array([[1, 30, 46], [3, 16, 12]])
-
-
-GPU_L = int(np.sum(np.prod(GPU_GRID, axis=1)))
-
-
-GPU_RNG = np.random.default_rng(2026)
-
-
-def gpu_rand(*shape, scale=1.0):
-    return (GPU_RNG.standard_normal(shape) * scale + 0.1).astype(np.float32)
-
-
 class TestGpu:
     pytestmark = [pytest.mark.gpu]
 
-    @pytest.fixture(scope="class")
-    def k(self):
-        """The CUDA C launchers through CuPy on this machine's GPU."""
-        pytest.importorskip("cupy", reason="CuPy not installed (pip install -e '.[cuda13]')")
-        from moonvit_kernels.cuda_backend import launchers as cupy_kernels
-
-        return cupy_kernels
-
-    @gpu
     @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
     @pytest.mark.parametrize("shape", AWKWARD_GEMMS, ids=lambda s: "x".join(map(str, s)))
     def test_gemm_bf16_awkward(self, k, shape, out_dtype):
         for i, epilogue in enumerate(EPILOGUES):
             check_gemm(k, *shape, "bfloat16", out_dtype, epilogue, seed=i)
 
-    @gpu
     @pytest.mark.parametrize("name, M, N, K_, out_dtype, epilogue", REAL_GEMMS, ids=[g[0] for g in REAL_GEMMS])
     def test_gemm_bf16_real_sizes(self, k, name, M, N, K_, out_dtype, epilogue):
         check_gemm(k, M, N, K_, "bfloat16", out_dtype, epilogue)
 
-    @gpu
     @pytest.mark.parametrize("shape", AWKWARD_GEMMS + [(512, 1024, 1024)], ids=lambda s: "x".join(map(str, s)))
     def test_gemm_fp32(self, k, shape):
         for i, epilogue in enumerate(EPILOGUES):
             check_gemm(k, *shape, "float32", "float32", epilogue, seed=i)
 
-    @pytest.mark.parametrize("version", gemm_k.VERSIONS)
-    @pytest.mark.parametrize("epilogue", gemm_k.EPILOGUES)
+    @pytest.mark.parametrize("version", G.VERSIONS)
+    @pytest.mark.parametrize("epilogue", G.EPILOGUES)
     @pytest.mark.parametrize("M, N, K", [(GPU_L, 3 * K3.qkv_hidden_size, 1024), (1031, 1024, 4096), (257, 7168, 4096)])
     def test_gemm_real_sizes(self, version, epilogue, M, N, K):
         a, b = gpu_rand(M, K), gpu_rand(N, K, scale=K**-0.5)
         r = gpu_rand(M, N) if epilogue == "residual" else None
-        got = gemm_k.gemm(a, b, epilogue=epilogue, residual=r, version=version).copy_to_host()
+        got = G.gemm(a, b, epilogue=epilogue, residual=r, version=version).copy_to_host()
         y = a.astype(np.float64) @ b.astype(np.float64).T
         want = {
             "none": y,

@@ -6,28 +6,21 @@ from cuda_kernel_checks import (
     check_merge,
 )
 from formulations import (
+    TIGHT,
     merge_loop,
     rnd,
 )
 from helpers import assert_close
+from tiers import EMULATOR, GPU_GRID, GPU_L, gpu_rand
 
-from moonvit_kernels import reference
 from moonvit_kernels import reference as ref
-from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.numba_backend import launch
 from moonvit_kernels.numba_backend import merge as Mg
-from moonvit_kernels.numba_backend import merge as merge_k
 from moonvit_kernels.numba_backend.launch import item_table
+
 
 # ============================================================================
 # reference: against the second formulations in tests/formulations.py
-TINY = VisionConfig.tiny()
-
-
-TIGHT = dict(rtol=1e-12, atol=1e-12)  # float64 vs float64, different summation order
-
-
 class TestReference:
     pytestmark = [pytest.mark.reference]
 
@@ -76,7 +69,7 @@ def case(grid, seed):
 
 
 def expected(x, grid, kernel_size):
-    parts = reference.tpool_patch_merger(x.astype(np.float64), grid, kernel_size)
+    parts = ref.tpool_patch_merger(x.astype(np.float64), grid, kernel_size)
     return np.concatenate([p.reshape(p.shape[0], -1) for p in parts], axis=0)
 
 
@@ -102,9 +95,9 @@ class TestNumba:
         items = launch.item_table(grid, (2, 2))
         out = np.full((8, 4 * D), np.nan, np.float32)
         got = Mg.merge_gather(x, launch.to_device(items), (2, 2), m_total=8, out=out, threads=32)
-        ref = expected(x, grid, (2, 2))
-        assert_close(out, ref, rtol=1e-6, atol=1e-6, name="numpy out")
-        assert_close(got.copy_to_host(), ref, rtol=1e-6, atol=1e-6, name="device result")
+        want = expected(x, grid, (2, 2))
+        assert_close(out, want, rtol=1e-6, atol=1e-6, name="numpy out")
+        assert_close(got.copy_to_host(), want, rtol=1e-6, atol=1e-6, name="device result")
 
     def test_device_table_without_size_is_read_back(self):
         grid, x = case([(2, 4, 2), (1, 2, 2)], seed=11)
@@ -140,16 +133,7 @@ class TestNumba:
 # ============================================================================
 # CUDA C kernel on the CPU emulator, through the real launchers
 class TestCudaEmulator:
-    pytestmark = [
-        pytest.mark.emulator,
-        pytest.mark.skipif(emulation.compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation"),
-    ]
-
-    @pytest.fixture(scope="class")
-    def k(self):
-        """The CUDA C launchers' API on the CPU emulator (built once, cached in the temp dir by source hash)."""
-        emulation.library()
-        return emulation
+    pytestmark = EMULATOR
 
     @pytest.mark.parametrize("merge_kernel_size", [(2, 2), (2, 1), (1, 3)])
     def test_merge(self, k, merge_kernel_size):
@@ -161,38 +145,9 @@ class TestCudaEmulator:
 
 # ============================================================================
 # GPU (CuPy launchers and numba kernels at real sizes; skipped without a GPU)
-gpu = pytest.mark.gpu
-
-
-K3 = VisionConfig.k3()
-
-
-# a 30x46-patch image (interpolated from the 64x64 grid) and a 3-frame 16x12 video: GPU_L = 1956
-GPU_GRID = np.array([[1, 30, 46], [3, 16, 12]])
-
-
-GPU_L = int(np.sum(np.prod(GPU_GRID, axis=1)))
-
-
-GPU_RNG = np.random.default_rng(2026)
-
-
-def gpu_rand(*shape, scale=1.0):
-    return (GPU_RNG.standard_normal(shape) * scale + 0.1).astype(np.float32)
-
-
 class TestGpu:
     pytestmark = [pytest.mark.gpu]
 
-    @pytest.fixture(scope="class")
-    def k(self):
-        """The CUDA C launchers through CuPy on this machine's GPU."""
-        pytest.importorskip("cupy", reason="CuPy not installed (pip install -e '.[cuda13]')")
-        from moonvit_kernels.cuda_backend import launchers as cupy_kernels
-
-        return cupy_kernels
-
-    @gpu
     @pytest.mark.parametrize("merge_kernel_size", [(2, 2), (2, 1), (1, 3)])
     @pytest.mark.parametrize("D_", [40, 1024])
     def test_merge(self, k, merge_kernel_size, D_):
@@ -204,6 +159,6 @@ class TestGpu:
     def test_merge_real_size(self):
         x = gpu_rand(GPU_L, 1024)
         m_total = sum((h // 2) * (w // 2) for _, h, w in GPU_GRID.tolist())
-        got = merge_k.merge_gather(x, item_table(GPU_GRID, (2, 2)), (2, 2), m_total).copy_to_host()
+        got = Mg.merge_gather(x, item_table(GPU_GRID, (2, 2)), (2, 2), m_total).copy_to_host()
         want = np.concatenate([m.reshape(m.shape[0], -1) for m in ref.tpool_patch_merger(x, GPU_GRID, (2, 2))])
         assert_close(got, want, rtol=1e-6, atol=1e-6, name="merge")

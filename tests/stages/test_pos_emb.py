@@ -8,27 +8,23 @@ from cuda_kernel_checks import (
     check_pos_emb,
 )
 from formulations import (
+    TIGHT,
     bicubic_scalar,
     bilinear_scalar,
     rnd,
 )
 from helpers import assert_close
+from tiers import EMULATOR, GPU_GRID, GPU_L, K3, gpu_rand
 
-from moonvit_kernels import reference
 from moonvit_kernels import reference as ref
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.numba_backend import launch
 from moonvit_kernels.numba_backend import pos_emb as P
-from moonvit_kernels.numba_backend import pos_emb as pos_emb_k
 from moonvit_kernels.numba_backend.launch import item_table
 
 # ============================================================================
 # reference: against the second formulations in tests/formulations.py
 TINY = VisionConfig.tiny()
-
-
-TIGHT = dict(rtol=1e-12, atol=1e-12)  # float64 vs float64, different summation order
 
 
 RESIZES = [(5, 7, 9, 4), (5, 7, 3, 11), (4, 4, 2, 2), (3, 6, 7, 6), (6, 5, 13, 2), (2, 3, 1, 1)]
@@ -170,12 +166,12 @@ class TestNumba:
         L = int(np.prod(grid, axis=1).sum())
         x, pos = tokens(L, cfg.vt_hidden_size, seed=len(grids))
         time = P.time_table(cfg.vt_hidden_size, cfg.init_pos_emb_time)
-        ref = reference.add_position_embedding(x.astype(np.float64), grid, pos.astype(np.float64), cfg)
+        want = ref.add_position_embedding(x.astype(np.float64), grid, pos.astype(np.float64), cfg)
 
         x_d = launch.to_device(x)
         got = P.add_position_embedding(x_d, pos, time, launch.item_table(grid), mode=mode)
         assert got is x_d
-        assert_close(x_d.copy_to_host(), ref, rtol=1e-5, atol=2e-6, name=f"{mode} {grids}")
+        assert_close(x_d.copy_to_host(), want, rtol=1e-5, atol=2e-6, name=f"{mode} {grids}")
 
     def test_time_term_only_for_videos(self):
         """Frame 0 of a video gets +1 on the cos half; an image of the same grid gets nothing."""
@@ -196,15 +192,15 @@ class TestNumba:
         x, pos = tokens(37, D, seed=4)
         time = np.random.default_rng(5).standard_normal((4, D)).astype(np.float32)  # unused by images
         for mode in P.MODES:
-            ref = x.astype(np.float64).copy()
+            want = x.astype(np.float64).copy()
             start = 0
             for _, h, w in grid.tolist():
-                ref[start : start + h * w] += reference.interpolate_pos_grid(
-                    pos.astype(np.float64), h, w, mode
-                ).reshape(h * w, D)
+                want[start : start + h * w] += ref.interpolate_pos_grid(pos.astype(np.float64), h, w, mode).reshape(
+                    h * w, D
+                )
                 start += h * w
             got = P.add_position_embedding(x.copy(), pos, time, launch.item_table(grid), mode=mode, threads=32)
-            assert_close(got.copy_to_host(), ref, rtol=1e-5, atol=2e-6, name=f"D=33 {mode}")
+            assert_close(got.copy_to_host(), want, rtol=1e-5, atol=2e-6, name=f"D=33 {mode}")
 
     def test_item_table_layout(self):
         table = launch.item_table([(1, 4, 6), (3, 2, 2)], merge_kernel_size=(2, 2))
@@ -247,16 +243,7 @@ class TestNumba:
 # ============================================================================
 # CUDA C kernel on the CPU emulator, through the real launchers
 class TestCudaEmulator:
-    pytestmark = [
-        pytest.mark.emulator,
-        pytest.mark.skipif(emulation.compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation"),
-    ]
-
-    @pytest.fixture(scope="class")
-    def k(self):
-        """The CUDA C launchers' API on the CPU emulator (built once, cached in the temp dir by source hash)."""
-        emulation.library()
-        return emulation
+    pytestmark = EMULATOR
 
     @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
     def test_pos_emb(self, k, mode):
@@ -267,38 +254,9 @@ class TestCudaEmulator:
 
 # ============================================================================
 # GPU (CuPy launchers and numba kernels at real sizes; skipped without a GPU)
-gpu = pytest.mark.gpu
-
-
-K3 = VisionConfig.k3()
-
-
-# a 30x46-patch image (interpolated from the 64x64 grid) and a 3-frame 16x12 video: GPU_L = 1956
-GPU_GRID = np.array([[1, 30, 46], [3, 16, 12]])
-
-
-GPU_L = int(np.sum(np.prod(GPU_GRID, axis=1)))
-
-
-GPU_RNG = np.random.default_rng(2026)
-
-
-def gpu_rand(*shape, scale=1.0):
-    return (GPU_RNG.standard_normal(shape) * scale + 0.1).astype(np.float32)
-
-
 class TestGpu:
     pytestmark = [pytest.mark.gpu]
 
-    @pytest.fixture(scope="class")
-    def k(self):
-        """The CUDA C launchers through CuPy on this machine's GPU."""
-        pytest.importorskip("cupy", reason="CuPy not installed (pip install -e '.[cuda13]')")
-        from moonvit_kernels.cuda_backend import launchers as cupy_kernels
-
-        return cupy_kernels
-
-    @gpu
     @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
     @pytest.mark.parametrize("config", [VisionConfig.tiny(), K3], ids=["tiny", "k3"])
     def test_pos_emb(self, k, config, mode):
@@ -310,7 +268,7 @@ class TestGpu:
     def test_pos_emb_real_size(self, mode):
         cfg = K3.replace(pos_emb_interpolation_mode=mode)
         pos, x = gpu_rand(64, 64, 1024, scale=0.5), gpu_rand(GPU_L, 1024)
-        time = pos_emb_k.time_table(1024, cfg.init_pos_emb_time)
-        got = pos_emb_k.add_position_embedding(x.copy(), pos, time, item_table(GPU_GRID), mode=mode).copy_to_host()
+        time = P.time_table(1024, cfg.init_pos_emb_time)
+        got = P.add_position_embedding(x.copy(), pos, time, item_table(GPU_GRID), mode=mode).copy_to_host()
         want = ref.add_position_embedding(x.astype(np.float64), GPU_GRID, pos.astype(np.float64), cfg)
         assert_close(got, want, rtol=1e-5, atol=1e-5, name=f"pos_emb {mode}")

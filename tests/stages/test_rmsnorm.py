@@ -10,27 +10,21 @@ from cuda_kernel_checks import (
     check_rmsnorm_flushes_denormals,
 )
 from formulations import (
+    TIGHT,
     rmsnorm_formula,
     rnd,
 )
 from helpers import assert_close, fp32_rtol
+from tiers import EMULATOR, GPU_L, K3, gpu_rand
 
-from moonvit_kernels import reference
 from moonvit_kernels import reference as ref
-from moonvit_kernels.config import FP32_EPS, VisionConfig
-from moonvit_kernels.cuda_backend import emulation
+from moonvit_kernels.config import FP32_EPS
 from moonvit_kernels.numba_backend import launch
 from moonvit_kernels.numba_backend import rmsnorm as R
-from moonvit_kernels.numba_backend import rmsnorm as rmsnorm_k
+
 
 # ============================================================================
 # reference: against the second formulations in tests/formulations.py
-TINY = VisionConfig.tiny()
-
-
-TIGHT = dict(rtol=1e-12, atol=1e-12)  # float64 vs float64, different summation order
-
-
 class TestReference:
     pytestmark = [pytest.mark.reference]
 
@@ -60,10 +54,10 @@ def data(rows: int, cols: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check(out, rstd, x, w, eps):
-    ref, ref_rstd = reference.rmsnorm(x.astype(np.float64), w.astype(np.float64), eps, return_rstd=True)
+    want, want_rstd = ref.rmsnorm(x.astype(np.float64), w.astype(np.float64), eps, return_rstd=True)
     rtol = fp32_rtol(x.shape[1])
-    assert_close(rstd, ref_rstd, rtol=rtol, atol=0.0, name="rstd")
-    assert_close(out, ref, rtol=rtol, atol=1e-6, name="out")
+    assert_close(rstd, want_rstd, rtol=rtol, atol=0.0, name="rstd")
+    assert_close(out, want, rtol=rtol, atol=1e-6, name="out")
 
 
 class TestNumba:
@@ -87,7 +81,7 @@ class TestNumba:
         x *= 0.1
         out = R.rmsnorm(x, w, 1e-7).copy_to_host()
         with pytest.raises(AssertionError):
-            assert_close(out, reference.rmsnorm(x.astype(np.float64), w.astype(np.float64), 0.5), 1e-4, 1e-6)
+            assert_close(out, ref.rmsnorm(x.astype(np.float64), w.astype(np.float64), 0.5), 1e-4, 1e-6)
 
     def test_in_place_on_device(self):
         x, w = data(7, 37, seed=2)
@@ -100,7 +94,7 @@ class TestNumba:
         x, w = data(7, 37, seed=3)
         x_host = x.copy()
         R.rmsnorm(x_host, w, 1e-5, out=x_host)
-        assert_close(x_host, reference.rmsnorm(x.astype(np.float64), w.astype(np.float64), 1e-5), 1e-5, 1e-6)
+        assert_close(x_host, ref.rmsnorm(x.astype(np.float64), w.astype(np.float64), 1e-5), 1e-5, 1e-6)
 
     def test_compile_tier_builds_every_block_size(self):
         from moonvit_kernels import registry
@@ -131,16 +125,7 @@ class TestNumba:
 # ============================================================================
 # CUDA C kernel on the CPU emulator, through the real launchers
 class TestCudaEmulator:
-    pytestmark = [
-        pytest.mark.emulator,
-        pytest.mark.skipif(emulation.compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation"),
-    ]
-
-    @pytest.fixture(scope="class")
-    def k(self):
-        """The CUDA C launchers' API on the CPU emulator (built once, cached in the temp dir by source hash)."""
-        emulation.library()
-        return emulation
+    pytestmark = EMULATOR
 
     @pytest.mark.parametrize("rows, D", [(5, 1024), (3, 50), (2, 7168), (1, 36)])
     def test_rmsnorm(self, k, rows, D):
@@ -165,53 +150,23 @@ class TestCudaEmulator:
 
 # ============================================================================
 # GPU (CuPy launchers and numba kernels at real sizes; skipped without a GPU)
-gpu = pytest.mark.gpu
-
-
-K3 = VisionConfig.k3()
-
-
-# a 30x46-patch image (interpolated from the 64x64 grid) and a 3-frame 16x12 video: GPU_L = 1956
-GPU_GRID = np.array([[1, 30, 46], [3, 16, 12]])
-
-
-GPU_L = int(np.sum(np.prod(GPU_GRID, axis=1)))
-
-
-GPU_RNG = np.random.default_rng(2026)
-
-
-def gpu_rand(*shape, scale=1.0):
-    return (GPU_RNG.standard_normal(shape) * scale + 0.1).astype(np.float32)
-
-
 class TestGpu:
     pytestmark = [pytest.mark.gpu]
 
-    @pytest.fixture(scope="class")
-    def k(self):
-        """The CUDA C launchers through CuPy on this machine's GPU."""
-        pytest.importorskip("cupy", reason="CuPy not installed (pip install -e '.[cuda13]')")
-        from moonvit_kernels.cuda_backend import launchers as cupy_kernels
-
-        return cupy_kernels
-
-    @gpu
     @pytest.mark.parametrize("rows, D_", [(5, 1024), (3, 50), (1, 36), (4096, 1024), (300, 7168)])
     def test_rmsnorm(self, k, rows, D_):
         for in_dtype in ("float32", "bfloat16"):
             for out_dtype in ("float32", "bfloat16"):
                 check_rmsnorm(k, rows, D_, in_dtype, out_dtype)
 
-    @gpu
     @pytest.mark.parametrize("in_dtype", ["float32", "bfloat16"])
     def test_rmsnorm_flushes_denormals(self, k, in_dtype):
-        """CuPy compiles with -ftz=true: the hardware flushes as the emulator does (test_cuda_emulation)."""
+        """CuPy compiles with -ftz=true: the hardware flushes as the emulator does (TestCudaEmulator)."""
         check_rmsnorm_flushes_denormals(k, in_dtype)
 
     def test_rmsnorm_real_size(self):
         x, g = gpu_rand(GPU_L, 1024), gpu_rand(1024)
-        out, rstd = rmsnorm_k.rmsnorm(x, g, K3.vit_norm_eps, return_rstd=True)
+        out, rstd = R.rmsnorm(x, g, K3.vit_norm_eps, return_rstd=True)
         want, want_rstd = ref.rmsnorm(x.astype(np.float64), g.astype(np.float64), K3.vit_norm_eps, return_rstd=True)
         assert_close(out.copy_to_host(), want, rtol=fp32_rtol(1024), atol=1e-6, name="rmsnorm")
         assert_close(rstd.copy_to_host(), want_rstd, rtol=fp32_rtol(1024), atol=0, name="rstd")

@@ -13,29 +13,23 @@ from cuda_kernel_checks import (
     check_rope,
 )
 from formulations import (
+    TIGHT,
     rnd,
     rope_angles_by_hand,
     rope_complex,
     rope_rotate_half,
 )
 from helpers import assert_close
+from tiers import EMULATOR, GPU_GRID, GPU_L, K3, gpu_rand
 
-from moonvit_kernels import reference
 from moonvit_kernels import reference as ref
-from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.numba_backend import compile_check, launch
 from moonvit_kernels.numba_backend import rope as R
-from moonvit_kernels.numba_backend import rope as rope_k
 from moonvit_kernels.numba_backend.launch import cu_seqlens_table, grid_table
 from moonvit_kernels.xray import sass
 
 # ============================================================================
 # reference: against the second formulations in tests/formulations.py
-TINY = VisionConfig.tiny()
-
-
-TIGHT = dict(rtol=1e-12, atol=1e-12)  # float64 vs float64, different summation order
 
 
 def single_pair_errors(rope_fn, angle_fn) -> float:
@@ -140,11 +134,11 @@ def qkv_data(L: int, seed: int) -> np.ndarray:
 def expected(qkv: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """Reference: rotate q and k by float32 angles (as the source does), in float64 maths."""
     L = qkv.shape[0]
-    angles = reference.rope_angles_packed(grid, HD, np.float32)
+    angles = ref.rope_angles_packed(grid, HD, np.float32)
     x = qkv.astype(np.float64)
     out = x.copy()
-    out[:, :Q] = reference.apply_rope(x[:, :Q].reshape(L, HEADS, HD), angles).reshape(L, Q)
-    out[:, Q : 2 * Q] = reference.apply_rope(x[:, Q : 2 * Q].reshape(L, HEADS, HD), angles).reshape(L, Q)
+    out[:, :Q] = ref.apply_rope(x[:, :Q].reshape(L, HEADS, HD), angles).reshape(L, Q)
+    out[:, Q : 2 * Q] = ref.apply_rope(x[:, Q : 2 * Q].reshape(L, HEADS, HD), angles).reshape(L, Q)
     return out
 
 
@@ -168,9 +162,9 @@ class TestNumba:
         got = R.rope2d(
             qkv_d, launch.grid_table(GRID), launch.cu_seqlens_table(GRID), HEADS, HD, threads=threads
         ).copy_to_host()
-        ref = expected(qkv, GRID)
-        assert_close(got[:, :Q], ref[:, :Q], rtol=1e-5, atol=2e-6, name="q")
-        assert_close(got[:, Q : 2 * Q], ref[:, Q : 2 * Q], rtol=1e-5, atol=2e-6, name="k")
+        want = expected(qkv, GRID)
+        assert_close(got[:, :Q], want[:, :Q], rtol=1e-5, atol=2e-6, name="q")
+        assert_close(got[:, Q : 2 * Q], want[:, Q : 2 * Q], rtol=1e-5, atol=2e-6, name="k")
         np.testing.assert_array_equal(got[:, 2 * Q :], qkv[:, 2 * Q :], err_msg="v must be untouched")
 
     def test_rope2d_numpy_in_place_and_every_frame_same(self):
@@ -250,16 +244,7 @@ class TestNumba:
 # ============================================================================
 # CUDA C kernel on the CPU emulator, through the real launchers
 class TestCudaEmulator:
-    pytestmark = [
-        pytest.mark.emulator,
-        pytest.mark.skipif(emulation.compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation"),
-    ]
-
-    @pytest.fixture(scope="class")
-    def k(self):
-        """The CUDA C launchers' API on the CPU emulator (built once, cached in the temp dir by source hash)."""
-        emulation.library()
-        return emulation
+    pytestmark = EMULATOR
 
     @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
     @pytest.mark.parametrize("heads, head_dim", [(2, 24), (1, 128), (3, 4)])
@@ -269,38 +254,9 @@ class TestCudaEmulator:
 
 # ============================================================================
 # GPU (CuPy launchers and numba kernels at real sizes; skipped without a GPU)
-gpu = pytest.mark.gpu
-
-
-K3 = VisionConfig.k3()
-
-
-# a 30x46-patch image (interpolated from the 64x64 grid) and a 3-frame 16x12 video: GPU_L = 1956
-GPU_GRID = np.array([[1, 30, 46], [3, 16, 12]])
-
-
-GPU_L = int(np.sum(np.prod(GPU_GRID, axis=1)))
-
-
-GPU_RNG = np.random.default_rng(2026)
-
-
-def gpu_rand(*shape, scale=1.0):
-    return (GPU_RNG.standard_normal(shape) * scale + 0.1).astype(np.float32)
-
-
 class TestGpu:
     pytestmark = [pytest.mark.gpu]
 
-    @pytest.fixture(scope="class")
-    def k(self):
-        """The CUDA C launchers through CuPy on this machine's GPU."""
-        pytest.importorskip("cupy", reason="CuPy not installed (pip install -e '.[cuda13]')")
-        from moonvit_kernels.cuda_backend import launchers as cupy_kernels
-
-        return cupy_kernels
-
-    @gpu
     @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
     @pytest.mark.parametrize(
         "grid, heads, head_dim",
@@ -317,7 +273,7 @@ class TestGpu:
     def test_rope_real_size(self):
         H, hd = K3.vt_num_attention_heads, K3.head_dim
         qkv = gpu_rand(GPU_L, 3 * H * hd)
-        got = rope_k.rope2d(qkv.copy(), grid_table(GPU_GRID), cu_seqlens_table(GPU_GRID), H, hd).copy_to_host()
+        got = R.rope2d(qkv.copy(), grid_table(GPU_GRID), cu_seqlens_table(GPU_GRID), H, hd).copy_to_host()
         ang = ref.rope_angles_packed(GPU_GRID, hd, np.float64)
         Q = H * hd
         for s in range(2):
