@@ -52,7 +52,7 @@ TOOLS = {
     "setuptools": ("tests/test_wheel.py", "--no-build-isolation"),  # builds the wheel (PEP 639 license: >= 77)
 }
 # the package's own modules that tests, scripts and notebooks import as top-level names
-LOCAL = {SELF, "helpers", "cuda_kernel_checks", "formulations", "conftest"}
+LOCAL = {SELF, "helpers", "cuda_kernel_checks", "formulations", "tiers", "compile_tier", "conftest"}
 # CUDA toolchain wheels that must stay out of the base install
 CUDA_WHEELS = re.compile(r"^(nvidia-|cuda-toolkit|cupy)|\[cu1[23]\]")
 

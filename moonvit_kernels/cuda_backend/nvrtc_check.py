@@ -299,14 +299,22 @@ def _check_job(job: tuple[str, tuple[kcuda.KernelSpec, ...], str]) -> list[Kerne
 
 
 def run_checks(
-    archs: Sequence[str] = ARCHS, head_dims: Sequence[int] = DEFAULT_HEAD_DIMS, workers: int = 1
+    archs: Sequence[str] = ARCHS,
+    head_dims: Sequence[int] = DEFAULT_HEAD_DIMS,
+    workers: int = 1,
+    stages: Sequence[str] | None = None,
 ) -> list[KernelReport]:
-    """Compile every kernel instantiation for every arch it builds for (`KernelSpec.builds_for`); one
-    NVRTC program per (file, arch)."""
+    """Compile every kernel instantiation (of the registry `stages` only, when given) for every arch it builds
+    for (`KernelSpec.builds_for`); one NVRTC program per (file, arch)."""
+    wanted = None
+    if stages is not None:
+        wanted = {e.label for e in registry.entries(tuple(head_dims), "cuda") if e.stage in stages}
     jobs = [
         (src, tuple(specs), arch)
         for arch in archs
-        for src, specs in kcuda.specs_by_source(registry.specs_for(arch, tuple(head_dims))).items()
+        for src, specs in kcuda.specs_by_source(
+            [s for s in registry.specs_for(arch, tuple(head_dims)) if wanted is None or s.label in wanted]
+        ).items()
     ]
     if workers <= 1:
         results = [_check_job(j) for j in jobs]

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from compile_tier import assert_cuda_stage_builds, assert_numba_stage_compiles, cuda_archs
 from cuda_kernel_checks import (
     check_attention,
 )
@@ -19,6 +20,7 @@ from moonvit_kernels import reference as ref
 from moonvit_kernels.numba_backend import attention as attn
 from moonvit_kernels.numba_backend.launch import cu_seqlens_table
 from moonvit_kernels.xray import counters
+from moonvit_kernels.xray.sass import nvdisasm_path
 
 # ============================================================================
 # reference: against the second formulations in tests/formulations.py
@@ -322,6 +324,34 @@ class TestCudaEmulator:
     )
     def test_attention(self, k, dtype, head_dim, heads, lens):
         check_attention(k, dtype, head_dim, heads, lens)
+
+
+# ============================================================================
+# compile tier (no GPU): the stage's numba kernels for sm_90, its CUDA C kernels with NVRTC per architecture
+class TestCompile:
+    pytestmark = [pytest.mark.compile]
+
+    @pytest.fixture(scope="class")
+    def numba_reports(self):
+        return assert_numba_stage_compiles("attention")
+
+    def test_numba_kernels_compile_within_limits(self, numba_reports):
+        assert numba_reports
+
+    @pytest.mark.parametrize("arch", cuda_archs("attention"))
+    def test_cuda_c_kernels_build_within_limits(self, arch):
+        assert_cuda_stage_builds("attention", arch)
+
+    def test_attention_v2_qk_and_pv_loops_are_held_to_the_sass_budget(self, numba_reports):
+        """The budgets of `--sass` hold attention v2's QK and PV loops at hd 128, and both loops exist."""
+        if nvdisasm_path() is None:
+            pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm, part of the dev extra)")
+        for r in numba_reports:
+            if r.kernel == "attention_v2_hd128_q32_k16":
+                assert len([lp for lp in r.loops if lp["fma"]]) >= 2, (r.compiler, r.loops)
+        for r in numba_reports:
+            if r.kernel.startswith(("attention_v1", "attention_v2")):
+                assert r.shared_bytes and r.shared_bytes > 1024, r
 
 
 # ============================================================================

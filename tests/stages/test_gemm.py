@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from compile_tier import assert_cuda_stage_builds, assert_numba_stage_compiles, cuda_archs
 from cuda_kernel_checks import (
     check_gemm,
 )
@@ -24,6 +25,7 @@ from moonvit_kernels.numba_backend import gemm as G
 from moonvit_kernels.numba_backend import launch
 from moonvit_kernels.weights import random_weights
 from moonvit_kernels.xray import counters
+from moonvit_kernels.xray.sass import nvdisasm_path
 
 # ============================================================================
 # reference: against the second formulations in tests/formulations.py
@@ -302,6 +304,32 @@ class TestCudaEmulator:
         got = k.gemm(a, b, epilogue=epilogue, residual=residual, out=out)
         assert got is out
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+# ============================================================================
+# compile tier (no GPU): the stage's numba kernels for sm_90, its CUDA C kernels with NVRTC per architecture
+class TestCompile:
+    pytestmark = [pytest.mark.compile]
+
+    @pytest.fixture(scope="class")
+    def numba_reports(self):
+        return assert_numba_stage_compiles("gemm")
+
+    def test_numba_kernels_compile_within_limits(self, numba_reports):
+        assert numba_reports
+
+    @pytest.mark.parametrize("arch", cuda_archs("gemm"))
+    def test_cuda_c_kernels_build_within_limits(self, arch):
+        assert_cuda_stage_builds("gemm", arch)
+
+    def test_gemm_v3_k_loop_is_unrolled_within_its_sass_budget(self, numba_reports):
+        """The budgets of `--sass` hold GEMM v3's k-slab loop, and that loop exists (128 FFMAs unrolled)."""
+        if nvdisasm_path() is None:
+            pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm, part of the dev extra)")
+        for r in numba_reports:
+            if r.kernel == "gemm_v3_none":
+                loops = [lp for lp in r.loops if lp["fma"]]
+                assert loops and loops[0]["fma"] >= 64, (r.compiler, loops)
 
 
 # ============================================================================

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from compile_tier import assert_cuda_stage_builds, assert_numba_stage_compiles, cuda_archs
 from cuda_kernel_checks import (
     check_merge,
 )
@@ -141,6 +142,19 @@ class TestCudaEmulator:
         for in_dtype in ("float32", "bfloat16"):
             for out_dtype in ("float32", "bfloat16"):
                 check_merge(k, grid, merge_kernel_size, 40, in_dtype, out_dtype)
+
+
+# ============================================================================
+# compile tier (no GPU): the stage's numba kernels for sm_90, its CUDA C kernels with NVRTC per architecture
+class TestCompile:
+    pytestmark = [pytest.mark.compile]
+
+    def test_numba_kernels_compile_within_limits(self):
+        assert_numba_stage_compiles("merge")
+
+    @pytest.mark.parametrize("arch", cuda_archs("merge"))
+    def test_cuda_c_kernels_build_within_limits(self, arch):
+        assert_cuda_stage_builds("merge", arch)
 
 
 # ============================================================================

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from compile_tier import assert_cuda_stage_builds, assert_numba_stage_compiles, cuda_archs
 from cuda_kernel_checks import (
     check_pos_emb,
 )
@@ -250,6 +251,19 @@ class TestCudaEmulator:
         config = VisionConfig.tiny().replace(pos_emb_interpolation_mode=mode)
         # 6x6 is the grid's own size (identity), the others interpolate; t = 3 and 2 are videos
         check_pos_emb(k, config, np.array([[1, 6, 6], [3, 4, 8], [1, 10, 4], [2, 2, 12]]))
+
+
+# ============================================================================
+# compile tier (no GPU): the stage's numba kernels for sm_90, its CUDA C kernels with NVRTC per architecture
+class TestCompile:
+    pytestmark = [pytest.mark.compile]
+
+    def test_numba_kernels_compile_within_limits(self):
+        assert_numba_stage_compiles("pos_emb")
+
+    @pytest.mark.parametrize("arch", cuda_archs("pos_emb"))
+    def test_cuda_c_kernels_build_within_limits(self, arch):
+        assert_cuda_stage_builds("pos_emb", arch)
 
 
 # ============================================================================

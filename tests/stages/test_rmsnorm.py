@@ -5,6 +5,7 @@ import platform
 
 import numpy as np
 import pytest
+from compile_tier import assert_cuda_stage_builds, assert_numba_stage_compiles, cuda_archs
 from cuda_kernel_checks import (
     check_rmsnorm,
     check_rmsnorm_flushes_denormals,
@@ -146,6 +147,19 @@ class TestCudaEmulator:
         check_rmsnorm_flushes_denormals(k, "float32")
         tiny = np.float32(np.finfo(np.float32).tiny)
         assert np.float32(tiny) * np.float32(0.5) != 0  # the launch restored the caller's FP mode
+
+
+# ============================================================================
+# compile tier (no GPU): the stage's numba kernels for sm_90, its CUDA C kernels with NVRTC per architecture
+class TestCompile:
+    pytestmark = [pytest.mark.compile]
+
+    def test_numba_kernels_compile_within_limits(self):
+        assert_numba_stage_compiles("rmsnorm")
+
+    @pytest.mark.parametrize("arch", cuda_archs("rmsnorm"))
+    def test_cuda_c_kernels_build_within_limits(self, arch):
+        assert_cuda_stage_builds("rmsnorm", arch)
 
 
 # ============================================================================

@@ -9,6 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from compile_tier import assert_cuda_stage_builds, assert_numba_stage_compiles, cuda_archs
 from cuda_kernel_checks import (
     check_rope,
 )
@@ -250,6 +251,19 @@ class TestCudaEmulator:
     @pytest.mark.parametrize("heads, head_dim", [(2, 24), (1, 128), (3, 4)])
     def test_rope(self, k, dtype, heads, head_dim):
         check_rope(k, dtype, np.array([[1, 3, 5], [2, 4, 2], [1, 9, 7]]), heads, head_dim)
+
+
+# ============================================================================
+# compile tier (no GPU): the stage's numba kernels for sm_90, its CUDA C kernels with NVRTC per architecture
+class TestCompile:
+    pytestmark = [pytest.mark.compile]
+
+    def test_numba_kernels_compile_within_limits(self):
+        assert_numba_stage_compiles("rope")
+
+    @pytest.mark.parametrize("arch", cuda_archs("rope"))
+    def test_cuda_c_kernels_build_within_limits(self, arch):
+        assert_cuda_stage_builds("rope", arch)
 
 
 # ============================================================================
