@@ -64,6 +64,12 @@ def rel_err(got: Any, want: Any) -> float:
 
 
 # ============================================================================ data
+def to_host(a: Any) -> np.ndarray:
+    """A device (CuPy, emulator) or host array as NumPy; bf16 bits (uint16) become the float32 values they hold."""
+    a = a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+    return bf16_bits_to_float32(a) if a.dtype == np.uint16 else a
+
+
 def random(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
     """float32 normal noise times `scale` plus one random offset in [-0.3, 0.3)."""
     return (rng.standard_normal(shape) * scale + rng.uniform(-0.3, 0.3)).astype(np.float32)

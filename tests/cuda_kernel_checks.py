@@ -29,14 +29,10 @@ from moonvit_kernels.checks import (
     random,
     rmsnorm_want,
     rope_want,
+    to_host,
 )
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits, random_weights
-
-
-def host(a: Any) -> np.ndarray:
-    """A device (CuPy) or host array as NumPy."""
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+from moonvit_kernels.weights import float32_to_bf16_bits, random_weights
 
 
 def upload(k: Any, a: np.ndarray, dtype: str) -> tuple[Any, np.ndarray]:
@@ -45,12 +41,6 @@ def upload(k: Any, a: np.ndarray, dtype: str) -> tuple[Any, np.ndarray]:
     if dtype == "bfloat16":
         return xp.asarray(float32_to_bf16_bits(a)), bf16_round(a).astype(np.float64)
     return xp.asarray(np.ascontiguousarray(a, dtype=np.float32)), a.astype(np.float64)
-
-
-def download(a: Any) -> np.ndarray:
-    """A device result as float32 NumPy (bf16 bits converted)."""
-    h = host(a)
-    return bf16_bits_to_float32(h) if h.dtype == np.uint16 else h
 
 
 # ============================================================================ GEMM
@@ -70,7 +60,7 @@ def check_gemm(k: Any, M: int, N: int, K: int, operands: str, out_dtype: str, ep
         assert got is residual, "gemm: out= must be returned"
     rtol = BF16_ULP if out_dtype == "bfloat16" else 16 * FP32_EPS
     name = f"gemm {operands}->{out_dtype} {epilogue} M={M} N={N} K={K}"
-    assert_close(download(got), want, rtol=rtol, atol=2 * acc_tol, name=name)
+    assert_close(to_host(got), want, rtol=rtol, atol=2 * acc_tol, name=name)
 
 
 # ============================================================================ attention
@@ -89,9 +79,9 @@ def check_attention(k: Any, dtype: str, head_dim: int, heads: int, lens: list[in
     else:
         rtol, atol = 1e-5, 1e-5 * vmax
     name = f"attention {dtype} hd={head_dim} heads={heads} lens={lens}"
-    assert_close(download(out).reshape(L, heads, head_dim), want, rtol=rtol, atol=atol, name=name)
+    assert_close(to_host(out).reshape(L, heads, head_dim), want, rtol=rtol, atol=atol, name=name)
     score_tol = 64 * FP32_EPS * head_dim * float(np.max(np.abs(q)) * np.max(np.abs(kk))) / math.sqrt(head_dim)
-    assert_close(host(lse), want_lse, rtol=1e-6, atol=score_tol, name=name + " lse")
+    assert_close(to_host(lse), want_lse, rtol=1e-6, atol=score_tol, name=name + " lse")
 
 
 # ============================================================================ rmsnorm
@@ -105,8 +95,8 @@ def check_rmsnorm(k: Any, rows: int, D: int, in_dtype: str, out_dtype: str, eps:
     got, rstd = k.rmsnorm(x, w, eps, out_dtype=out_dtype, return_rstd=True)
     rtol = BF16_ULP if out_dtype == "bfloat16" else fp32_rtol(D)
     name = f"rmsnorm {in_dtype}->{out_dtype} {rows}x{D}"
-    assert_close(download(got), want, rtol=rtol, atol=1e-6, name=name)
-    assert_close(host(rstd), want_rstd, rtol=fp32_rtol(D), atol=0.0, name=name + " rstd")
+    assert_close(to_host(got), want, rtol=rtol, atol=1e-6, name=name)
+    assert_close(to_host(rstd), want_rstd, rtol=fp32_rtol(D), atol=0.0, name=name + " rstd")
 
 
 def flush_denormals(x: np.ndarray) -> np.ndarray:
@@ -134,7 +124,7 @@ def check_rmsnorm_flushes_denormals(k: Any, in_dtype: str, D: int = 36, eps: flo
     x, x_ref = upload(k, x_host, in_dtype)
     w_host = (1.0 + 0.25 * rng.standard_normal(D)).astype(np.float32)
     got, rstd = k.rmsnorm(x, k.array_module().asarray(w_host), eps, return_rstd=True)
-    got, rstd = download(got), host(rstd)
+    got, rstd = to_host(got), to_host(rstd)
     flushed = flush_denormals(x_ref.astype(np.float32)).astype(np.float64)
     want, want_rstd = ref.rmsnorm(flushed, w_host.astype(np.float64), eps, return_rstd=True)
     unflushed = ref.rmsnorm(x_ref, w_host.astype(np.float64), eps)
@@ -159,7 +149,7 @@ def check_rope(k: Any, dtype: str, grid: np.ndarray, heads: int, head_dim: int, 
     assert got is qkv
     rtol = BF16_ULP if dtype == "bfloat16" else 8 * FP32_EPS
     name = f"rope {dtype} grid={grid.tolist()} hd={head_dim}"
-    assert_close(download(qkv), want, rtol=rtol, atol=1e-6, name=name)
+    assert_close(to_host(qkv), want, rtol=rtol, atol=1e-6, name=name)
 
 
 # ============================================================================ position embedding
@@ -184,7 +174,7 @@ def check_pos_emb(k: Any, config: VisionConfig, grid: np.ndarray, seed: int = 0)
     )
     assert got is x
     name = f"pos_emb {config.pos_emb_interpolation_mode} grid={grid.tolist()}"
-    assert_close(host(x), want, rtol=16 * FP32_EPS, atol=16 * FP32_EPS, name=name)
+    assert_close(to_host(x), want, rtol=16 * FP32_EPS, atol=16 * FP32_EPS, name=name)
 
 
 # ============================================================================ merge
@@ -200,7 +190,7 @@ def check_merge(
     got = k.tpool_merge(x, ms, merge_kernel_size, out_dtype=out_dtype)
     rtol = BF16_ULP if out_dtype == "bfloat16" else 4 * FP32_EPS
     name = f"merge {in_dtype}->{out_dtype} {merge_kernel_size} grid={grid.tolist()}"
-    assert_close(download(got), want, rtol=rtol, atol=1e-7, name=name)
+    assert_close(to_host(got), want, rtol=rtol, atol=1e-7, name=name)
 
 
 # ============================================================================ the whole backend

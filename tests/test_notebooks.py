@@ -11,7 +11,10 @@ in order, some outputs, and no error among them.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -96,6 +99,7 @@ def test_notebook_follows_the_workbook_rules(path):
 
 def run_notebook(path, tmp_path):
     """Execute `path` top to bottom in a fresh kernel from `tmp_path`; fail on any error."""
+    from jupyter_client import KernelManager
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
@@ -103,8 +107,14 @@ def run_notebook(path, tmp_path):
     for c in code_cells(nb):
         c.outputs = []
         c.execution_count = None
+    # The kernel talks over Unix sockets in a folder of its own: TCP ports are picked free and then released
+    # before the kernel binds them, so beside other notebook kernels and Ray a port can be taken in between
+    # (seen in CI: "Address already in use", "Kernel died before replying to kernel_info").
+    sockets = tempfile.mkdtemp(prefix="nbk")  # short: a Unix socket path has at most 107 bytes
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "k"))
     client = NotebookClient(
         nb,
+        km=km,
         timeout=600,
         kernel_name="python3",
         record_timing=False,
@@ -114,6 +124,8 @@ def run_notebook(path, tmp_path):
         client.execute()
     except CellExecutionError as e:
         pytest.fail(f"{path.name} failed:\n{e}")
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     errors = [o for c in code_cells(nb) for o in c.outputs if o.output_type == "error"]
     assert not errors
 

@@ -37,6 +37,7 @@ IMPORT_TO_DIST = {
     "pytest": {"pytest"},
     "nbformat": {"nbformat"},
     "nbclient": {"nbclient"},
+    "jupyter_client": {"jupyter_client", "jupyter-client"},
     "jupytext": {"jupytext"},
     "IPython": {"ipython"},
     "nvidia": {"nvidia-cuda-nvdisasm"},  # xray/sass.py finds the nvdisasm program in the nvidia namespace

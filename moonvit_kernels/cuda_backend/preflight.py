@@ -99,13 +99,6 @@ def _bf16_values(rng: np.random.Generator, shape: tuple[int, ...], scale: float)
     return bits, bf16_bits_to_float32(bits).astype(np.float64)
 
 
-def _host(a: Any) -> np.ndarray:
-    from moonvit_kernels.weights import bf16_bits_to_float32
-
-    a = a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
-    return bf16_bits_to_float32(a).astype(np.float64) if a.dtype == np.uint16 else a.astype(np.float64)
-
-
 def _fault(kind: str) -> None:
     if kind == "hang":
         while True:
@@ -117,7 +110,7 @@ def _fault(kind: str) -> None:
 def run_probes(hopper: Any, head_dims: Sequence[int], fault: str = "") -> dict[str, dict[str, Any]]:
     """Run every probe through launcher module `hopper` (`gemm(..., block_n=)`, `attention`, `array_module`)
     in this process: {probe: {"ok", "error", "tol", "why"}}. An exception is that probe's failure."""
-    from moonvit_kernels.checks import attention_want, gemm_want, rel_err
+    from moonvit_kernels.checks import attention_want, gemm_want, rel_err, to_host
 
     _fault(fault)
     xp = hopper.array_module()
@@ -142,7 +135,7 @@ def run_probes(hopper: Any, head_dims: Sequence[int], fault: str = "") -> dict[s
             poison = np.full((M, N), 0x7FC0, np.uint16) if bf16 else np.full((M, N), np.nan, np.float32)
             try:
                 out = hopper.gemm(a_dev, b_dev, epilogue=epilogue, out=xp.asarray(poison), block_n=bn)
-                got = _host(out)
+                got = to_host(out)
                 if fault == "wrong":
                     got[M - 1, N - 1] += 1.0
                     fault = ""
@@ -157,7 +150,7 @@ def run_probes(hopper: Any, head_dims: Sequence[int], fault: str = "") -> dict[s
         try:
             o, lse = hopper.attention(xp.asarray(bits), cu, ATTENTION_HEADS, hd)
             want_o, want_lse = attention_want(qkv, cu, ATTENTION_HEADS, hd)
-            record(name, [rel_err(_host(o), want_o), rel_err(_host(lse), want_lse)], TOL_BF16_OUT)
+            record(name, [rel_err(to_host(o), want_o), rel_err(to_host(lse), want_lse)], TOL_BF16_OUT)
         except Exception as e:
             record(name, [], TOL_BF16_OUT, f"{type(e).__name__}: {e}")
     return results

@@ -26,9 +26,19 @@ from typing import Any
 import numpy as np
 
 from .. import reference as ref
-from ..checks import attention_want, bf16_round, gemm_want, merge_want, random, rel_err, rope_want, sample_rows
+from ..checks import (
+    attention_want,
+    bf16_round,
+    gemm_want,
+    merge_want,
+    random,
+    rel_err,
+    rope_want,
+    sample_rows,
+    to_host,
+)
 from ..config import VisionConfig
-from ..weights import bf16_bits_to_float32, float32_to_bf16_bits
+from ..weights import float32_to_bf16_bits
 
 TOL_FP32 = 1e-4  # max|got − want| / max|want| for fp32 outputs (fp32 accumulation over K <= 4096)
 TOL_BF16_ACC = 1e-3  # bf16 operands (rounded values used by the reference too), fp32 output
@@ -332,11 +342,6 @@ def numba_cases(
 
 
 # ============================================================================ CUDA C kernels
-def _host(a: Any) -> np.ndarray:
-    a = a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
-    return bf16_bits_to_float32(a) if a.dtype == np.uint16 else a
-
-
 def _up(xp: Any, a: np.ndarray, dtype: str) -> tuple[Any, np.ndarray]:
     """`a` on the device in `dtype` (bf16 = uint16 bits) and the values it holds (float32 host)."""
     if dtype == "bfloat16":
@@ -387,7 +392,7 @@ def _gemm_builder(
             out[...] = xp.asarray(r) if r is not None else _poison(xp, (M, N), out_dtype)
             go()
             rows = sample_rows(M)
-            got = _host(out)[rows]
+            got = to_host(out)[rows]
             want = gemm_want(a[rows], b, epi, None if r is None else r[rows])
             tol = TOL_FP32 if operands == "float32" else (TOL_BF16_OUT if out_dtype == "bfloat16" else TOL_BF16_ACC)
             return rel_err(got, want), tol
@@ -440,8 +445,8 @@ def _attention_builder(
             go()
             rows = sample_rows(L, 32)
             want_o, want_lse = attention_want(qkv, [0, L], H, hd, rows)
-            err_o = rel_err(_host(result["o"])[rows], want_o)
-            err_l = rel_err(_host(result["lse"])[rows], want_lse)
+            err_o = rel_err(to_host(result["o"])[rows], want_o)
+            err_l = rel_err(to_host(result["lse"])[rows], want_lse)
             err = max(err_o, err_l) if math.isfinite(err_o + err_l) else float("nan")
             return err, (TOL_BF16_OUT if dtype == "bfloat16" else TOL_FP32)
 
@@ -476,9 +481,6 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
     D, H, hd, Q = c.vt_hidden_size, c.vt_num_attention_heads, c.head_dim, c.qkv_hidden_size
     shapes = gemm_shapes(c, L)
 
-    def host(a: Any) -> np.ndarray:
-        return _host(a)
-
     def up(a: np.ndarray, dtype: str) -> tuple[Any, np.ndarray]:
         return _up(xp, a, dtype)
 
@@ -506,7 +508,7 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
         def check(go: Callable[[], Any]) -> tuple[float, float]:
             out[...] = poison((L, D), "bfloat16")
             go()
-            return rel_err(host(out), ref.rmsnorm(x.astype(np.float64), w, c.vit_norm_eps)), TOL_BF16_OUT
+            return rel_err(to_host(out), ref.rmsnorm(x.astype(np.float64), w, c.vit_norm_eps)), TOL_BF16_OUT
 
         nbytes = L * D * (4 + 2) + D * 4
         return KernelCase(
@@ -541,7 +543,7 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
         def check(go: Callable[[], Any]) -> tuple[float, float]:
             work[...] = qkv0
             go()
-            return rel_err(host(work), rope_want(qkv, grid, H, hd)), TOL_BF16_OUT
+            return rel_err(to_host(work), rope_want(qkv, grid, H, hd)), TOL_BF16_OUT
 
         nbytes = 2 * L * 2 * Q * 2 + L * 16
         return KernelCase(
@@ -578,7 +580,7 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
             work[...] = x0
             go()
             want = x.astype(np.float64) + ref.position_embedding(grid, pos_w.astype(np.float64), c)
-            return rel_err(host(work), want), TOL_FP32
+            return rel_err(to_host(work), want), TOL_FP32
 
         nbytes = 2 * L * D * 4
         return KernelCase(
@@ -611,7 +613,7 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
 
         def check(go: Callable[[], Any]) -> tuple[float, float]:
             go()
-            return rel_err(host(result["out"]), merge_want(x, grid, mks)), TOL_BF16_OUT
+            return rel_err(to_host(result["out"]), merge_want(x, grid, mks)), TOL_BF16_OUT
 
         nbytes = L * D * (4 + 2)
         return KernelCase(

@@ -1,0 +1,162 @@
+"""Two speed-ups for numba-cuda's CUDA simulator that change nothing a kernel can observe.
+
+The simulator runs a block as one Python thread per CUDA thread. Profiled on a forward of the tiny config
+(40 tokens, 2 layers: 23 launches, 362 blocks, 25,280 threads), its time went to two pieces of machinery,
+not to the kernels:
+
+1. **The barrier was found by polling.** numba's `BlockManager` loops in the launching thread asking every
+   thread, again and again, whether it is alive and whether it sits in `syncthreads()`: 19 million
+   `is_alive()` calls, competing under the GIL with the threads it waits for. Here the barrier is a
+   condition variable. A thread that reaches `syncthreads()` counts itself in; the last live thread to
+   arrive releases the block (a new generation); a thread that returns counts itself out and releases the
+   others when they were all waiting on it. numba's rules are kept: a barrier waits for every thread of the
+   block that has not returned; the first exception aborts the block (waiting threads raise "abort flag
+   set", as in numba) and is raised from the launch, named by thread and block.
+2. **Every device-function call swapped module globals.** numba wraps each call of a `device=True`
+   function in `swapped_cuda_module`, which re-imports `numba.cuda`, takes two locks and scans the
+   function's module for globals bound to `cuda`, to point them at the simulated module. A device function
+   that names no such global (index arithmetic like `v3_row`) has nothing to swap: it is called directly.
+   Which globals a function names is read once from its code object.
+
+Threads still interleave under the GIL as before, so a missing barrier still races and still fails its
+test (tests/test_simulator.py plants both faults). `install()` applies both to numba-cuda's simulator
+(`numba.cuda.simulator.kernel`, numba-cuda 0.30, frozen) for this process; `_cuda` calls it when the
+simulator is on.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from typing import Any
+
+import numpy as np
+
+_installed = False
+
+
+class _Barrier:
+    """The shared state of one block: live threads, threads waiting, the barrier's generation."""
+
+    def __init__(self, threads: int) -> None:
+        self.cond = threading.Condition()
+        self.live = threads
+        self.waiting = 0
+        self.generation = 0
+        self.failed: Any = None  # the first thread that raised
+
+    def release(self) -> None:
+        """Let every waiting thread through (call with `cond` held)."""
+        self.waiting = 0
+        self.generation += 1
+        self.cond.notify_all()
+
+
+def names_cuda(fn: Any, cuda_module: Any, fake_module_type: type) -> bool:
+    """True when `fn`'s code (nested code objects included) reads a global bound to `cuda` or to a simulated
+    module: the calls numba's swap changes."""
+    globs = fn.__globals__
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        for name in code.co_names:
+            value = globs.get(name)
+            if value is cuda_module or isinstance(value, fake_module_type):
+                return True
+        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return False
+
+
+def install() -> None:
+    """Put the waiting barrier and the direct device-function calls into numba-cuda's simulator (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    from numba import cuda as cuda_module
+    from numba.cuda.simulator import kernel as sim
+    from numba.cuda.simulator import kernelapi as api
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+
+    class WaitingBlockThread(sim.BlockThread):
+        def syncthreads(self) -> None:
+            b = self._manager.barrier
+            with b.cond:
+                if b.failed is not None:
+                    raise RuntimeError("abort flag set on syncthreads call")
+                generation = b.generation
+                b.waiting += 1
+                if b.waiting == b.live:
+                    b.release()
+                while generation == b.generation and b.failed is None:
+                    b.cond.wait()
+                if b.failed is not None:
+                    raise RuntimeError("abort flag set on syncthreads clear")
+
+        def run(self) -> None:
+            try:
+                super().run()  # numba's: records an exception, named by thread and block
+            finally:
+                b = self._manager.barrier
+                with b.cond:
+                    b.live -= 1
+                    if self.exception is not None and b.failed is None:
+                        b.failed = self
+                        b.cond.notify_all()
+                    elif b.live == 0 or (b.waiting and b.waiting == b.live):
+                        b.release()
+
+    class WaitingBlockManager(sim.BlockManager):
+        def run(self, grid_point: Any, *args: Any) -> None:
+            def target() -> None:
+                self._f(*args)
+
+            points = np.ndindex(*self._block_dim)
+            threads = [WaitingBlockThread(target, self, grid_point, p, self._debug) for p in points]
+            self.barrier = b = _Barrier(len(threads))
+            for t in threads:
+                t.start()
+            with b.cond:
+                while b.live and b.failed is None:
+                    b.cond.wait()
+            if b.failed is not None:
+                raise b.failed.exception[0].with_traceback(b.failed.exception[1])
+
+    numba_call = sim.FakeCUDAKernel.__call__
+
+    def swapped_call(fn: Any, args: tuple) -> Any:
+        """`fn(*args)` with its module's `cuda` globals pointing at the simulated module: numba's
+        `swapped_cuda_module` (the same per-module lock and reference count, so the two nest), without its
+        per-call import and context manager."""
+        globs = fn.__globals__
+        gid = id(globs)
+        with api._locks_register_lock:
+            lock = api._globals_locks[gid]
+        with lock:
+            if api._swap_refcount[gid] == 0:
+                orig = {k: v for k, v in globs.items() if v is cuda_module}
+                api._swap_orig[gid] = orig
+                fake = sim._get_kernel_context()
+                for k in orig:
+                    globs[k] = fake
+            api._swap_refcount[gid] += 1
+        try:
+            return fn(*args)
+        finally:
+            with lock:
+                api._swap_refcount[gid] -= 1
+                if api._swap_refcount[gid] == 0:
+                    globs.update(api._swap_orig.pop(gid))
+                    del api._swap_refcount[gid]
+
+    def call(self: Any, *args: Any) -> Any:
+        if not self._device:
+            return numba_call(self, *args)
+        direct = self.__dict__.get("_moonvit_direct")
+        if direct is None:
+            direct = self._moonvit_direct = not names_cuda(self.fn, cuda_module, FakeCUDAModule)
+        return self.fn(*args) if direct else swapped_call(self.fn, args)
+
+    sim.BlockThread = WaitingBlockThread
+    sim.BlockManager = WaitingBlockManager
+    sim.FakeCUDAKernel.__call__ = call
+    _installed = True
