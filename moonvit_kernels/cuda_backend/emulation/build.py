@@ -19,6 +19,7 @@ sticky fault on the GPU) into an abort with the address.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -27,7 +28,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -148,6 +149,42 @@ def build_library(
     lib_path = build / f"lib{tag}.so"
     if lib_path.exists():
         return lib_path
+    build.mkdir(parents=True, exist_ok=True)
+    with _build_lock(build):  # a second process asking for the same library waits for it instead of building it too
+        if not lib_path.exists():
+            _compile(files, main, standin_text, build, lib_path, tag, cxx, flags, extra_flags, units)
+    return lib_path
+
+
+@contextlib.contextmanager
+def _build_lock(build: Path) -> Iterator[None]:
+    """An exclusive lock on `build` across processes (none where fcntl is missing: both then build, and the
+    atomic rename keeps the result whole)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    with open(build / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _compile(
+    files: Mapping[str, str],
+    main: str,
+    standin_text: Mapping[str, str],
+    build: Path,
+    lib_path: Path,
+    tag: str,
+    cxx: str,
+    flags: Sequence[str],
+    extra_flags: Sequence[str],
+    units: Sequence[tuple[str, Sequence[str]]],
+) -> None:
     src, inc = build / "src", build / "include"
     src.mkdir(parents=True, exist_ok=True)
     inc.mkdir(parents=True, exist_ok=True)
@@ -170,7 +207,6 @@ def build_library(
         if r.returncode != 0:
             raise RuntimeError(f"building the CUDA C emulator ({tag}) failed:\n{' '.join(cmd)}\n{r.stderr[-6000:]}")
     os.replace(tmp, lib_path)  # atomic: a concurrent builder never loads a half-written library
-    return lib_path
 
 
 @functools.cache
