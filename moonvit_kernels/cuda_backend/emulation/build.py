@@ -41,7 +41,7 @@ _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 CXXFLAGS = (
     "-std=c++20",
-    "-O1",
+    "-Og",
     "-fPIC",
     "-fno-gnu-unique",
     "-shared",
