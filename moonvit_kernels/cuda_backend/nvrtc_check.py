@@ -30,6 +30,7 @@ disassembly with `nvdisasm` or `cuobjdump -sass`. Without `--arch` it builds sm_
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import re
@@ -39,7 +40,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from moonvit_kernels import registry
+from moonvit_kernels import compile_cache, registry
 
 from .. import launch_rules
 from . import sources as kcuda
@@ -102,6 +103,12 @@ def _nvrtc():
     return nvrtc
 
 
+@functools.cache
+def nvrtc_version() -> tuple:
+    """NVRTC's (major, minor) and the cuda-bindings version that calls it."""
+    return tuple(_checked(_nvrtc().nvrtcVersion(), "nvrtcVersion")), compile_cache.versions("cuda-bindings")
+
+
 def _checked(result: tuple, what: str):
     nvrtc = _nvrtc()
     err, *rest = result
@@ -132,13 +139,28 @@ def compile_text(
     """Compile CUDA C++ `text` with the name expressions `names` for `arch` (`nvrtc_options(arch, strict)`;
     the launchers compile with `strict=False`, the run-time options).
 
-    Returns (cubin, NVRTC + ptxas log, {name expression: mangled name}); CompileError on failure."""
+    Returns (cubin, NVRTC + ptxas log, {name expression: mangled name}); CompileError on failure. A compile
+    that succeeded once is read back from `compile_cache` (the key holds the text, names, arch and options)."""
+    opts = nvrtc_options(arch, strict)
+    entry = compile_cache.key("nvrtc", [text, filename, tuple(names), arch, tuple(opts), nvrtc_version()])
+    hit = compile_cache.load(entry)
+    if hit is not None:
+        header, cubin = hit
+        return cubin, header["log"], header["lowered"]
+    cubin, log, lowered = _compile_text(text, filename, names, arch, opts)
+    compile_cache.store(entry, {"log": log, "lowered": lowered}, cubin)
+    return cubin, log, lowered
+
+
+def _compile_text(
+    text: str, filename: str, names: Sequence[str], arch: str, options: Sequence[str]
+) -> tuple[bytes, str, dict[str, str]]:
     nvrtc = _nvrtc()
     prog = _checked(nvrtc.nvrtcCreateProgram(text.encode(), filename.encode(), 0, [], []), "nvrtcCreateProgram")
     try:
         for n in names:
             _checked(nvrtc.nvrtcAddNameExpression(prog, n.encode()), f"nvrtcAddNameExpression({n})")
-        opts = [o.encode() for o in nvrtc_options(arch, strict)]
+        opts = [o.encode() for o in options]
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _checked(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
         buf = b" " * size

@@ -402,9 +402,32 @@ def _build_all(modules: Sequence[str] | None, cc: tuple[int, int]) -> list[tuple
             broken.add(entry.module)
             built.append((KernelReport(entry.module, "<import>", "", 0, error=f"{type(e).__name__}: {e}"[:500]), None))
             continue
-        built.append(build_kernel(fn, signature, entry.max_registers, entry.module, cc))
+        built.append(_build_entry(entry, fn, signature, cc))
     _disambiguate([report for report, _ in built])
     return built
+
+
+NUMBA_DISTS = ("numba", "numba-cuda", "numba-cuda-mlir", "llvmlite", "nvidia-nvjitlink", "cuda-bindings")
+
+
+def _build_entry(entry: Any, fn: Callable, signature: str, cc: tuple[int, int]) -> tuple[KernelReport, bytes | None]:
+    """`build_kernel` for registry entry `entry`, read back from `compile_cache` when this package's sources, the
+    compiler and the entry are those of an earlier build."""
+    from .. import compile_cache
+    from ._cuda import COMPILER
+
+    name = compile_cache.key(
+        "numba",
+        [COMPILER, compile_cache.versions(*NUMBA_DISTS), compile_cache.package_digest(), cc, entry.module_path,
+         entry.kernel, entry.args, signature, entry.max_registers],
+    )  # fmt: skip
+    hit = compile_cache.load(name)
+    if hit is not None:
+        return KernelReport.from_dict(hit[0]), hit[1]
+    report, cubin = build_kernel(fn, signature, entry.max_registers, entry.module, cc)
+    if cubin is not None:
+        compile_cache.store(name, asdict(report), cubin)
+    return report, cubin
 
 
 def _disambiguate(reports: list[KernelReport]) -> None:

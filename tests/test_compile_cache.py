@@ -1,0 +1,74 @@
+"""compile_cache: a kernel compiles once per key, and any change of what decides its binary compiles it again."""
+
+import dataclasses
+
+import pytest
+
+from moonvit_kernels import compile_cache, registry
+from moonvit_kernels.numba_backend import compile_check
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.ENV_VAR, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_entries_round_trip_and_a_damaged_one_is_a_miss(cache, monkeypatch):
+    name = compile_cache.key("t", ["text", ("a", 1), b"\x00bytes"])
+    assert compile_cache.load(name) is None
+    compile_cache.store(name, {"log": "ptxas info", "lowered": {"k<1>": "_Z1kILi1EEvv"}}, b"\x7fELF\x00cubin")
+    assert compile_cache.load(name) == ({"log": "ptxas info", "lowered": {"k<1>": "_Z1kILi1EEvv"}}, b"\x7fELF\x00cubin")
+    (cache / name).write_bytes(b"\x05")  # truncated
+    assert compile_cache.load(name) is None
+    assert compile_cache.key("t", ["text"]) != compile_cache.key("t", ["text "]) != compile_cache.key("u", ["text"])
+    monkeypatch.setenv(compile_cache.ENV_VAR, "off")
+    compile_cache.store(name, {}, b"x")
+    assert compile_cache.folder() is None and compile_cache.load(name) is None
+
+
+def test_nvrtc_compiles_once_per_text_names_arch_and_options(cache, monkeypatch):
+    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
+    from moonvit_kernels.cuda_backend import nvrtc_check
+
+    real = nvrtc_check._compile_text
+    calls = []
+
+    def counted(*args):
+        calls.append(args[3])
+        return real(*args)
+
+    monkeypatch.setattr(nvrtc_check, "_compile_text", counted)
+    src = 'extern "C" __global__ void k(float* p, int n) { if (threadIdx.x < n) p[threadIdx.x] *= 2.0f; }'
+    first = nvrtc_check.compile_text(src, "k.cu", ["k"], "sm_90")
+    again = nvrtc_check.compile_text(src, "k.cu", ["k"], "sm_90")
+    assert again == first and calls == ["sm_90"]
+    nvrtc_check.compile_text(src, "k.cu", ["k"], "sm_80")  # another architecture
+    nvrtc_check.compile_text(src.replace("2.0f", "3.0f"), "k.cu", ["k"], "sm_90")  # another text
+    nvrtc_check.compile_text(src, "k.cu", ["k"], "sm_90", strict=False)  # other options
+    assert calls == ["sm_90", "sm_80", "sm_90", "sm_90"]
+    with pytest.raises(nvrtc_check.CompileError):  # a failure is not stored: it fails again
+        nvrtc_check.compile_text("not C++", "bad.cu", ["k"], "sm_90")
+    assert sum(1 for p in cache.iterdir() if not p.name.startswith(".")) == 4
+
+
+def test_numba_entries_compile_once_per_entry_and_compiler(cache, monkeypatch):
+    built = []
+
+    def fake_build(fn, signature, max_registers, module, cc):
+        built.append((fn.__name__, max_registers, cc))
+        report = compile_check.KernelReport(module, fn.__name__, signature, max_registers, registers=40)
+        return report, b"cubin of " + fn.__name__.encode()
+
+    monkeypatch.setattr(compile_check, "build_kernel", fake_build)
+    entry = next(e for e in registry.numba_entries() if e.stage == "rope")
+    fn, sig = entry.python_function(), entry.numba_signature()
+    first = compile_check._build_entry(entry, fn, sig, (9, 0))
+    again = compile_check._build_entry(entry, fn, sig, (9, 0))
+    assert again[1] == first[1] and again[0].registers == 40 and again[0].kernel == first[0].kernel
+    assert len(built) == 1
+    compile_check._build_entry(entry, fn, sig, (8, 0))  # another architecture
+    compile_check._build_entry(dataclasses.replace(entry, max_registers=entry.max_registers - 8), fn, sig, (9, 0))
+    monkeypatch.setattr(compile_cache, "package_digest", lambda: "an edited package")  # any source edit
+    compile_check._build_entry(entry, fn, sig, (9, 0))
+    assert len(built) == 4
