@@ -12,8 +12,9 @@ again and again; a kernel compiles once per key:
 
 An entry is one file: a JSON header (the report or the log and mangled names) and the cubin's bytes, written
 to a temporary name and renamed, so a reader never sees half of one. Failed compiles are not stored.
-The folder is `$MOONVIT_COMPILE_CACHE`, else `<temp dir>/moonvit_compile_cache`; `MOONVIT_COMPILE_CACHE=off`
-turns the cache off.
+The folder is `$MOONVIT_COMPILE_CACHE`, else `<temp dir>/moonvit_compile_cache-<user id>`;
+`MOONVIT_COMPILE_CACHE=off` turns the cache off. The launchers load what it holds onto the GPU, so a folder
+that is not this user's own, or that others may write, is never read (`private_folder`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,25 @@ def folder() -> Path | None:
     where = os.environ.get(ENV_VAR, "")
     if where.lower() == "off":
         return None
-    return Path(where) if where else Path(tempfile.gettempdir()) / "moonvit_compile_cache"
+    return Path(where) if where else Path(tempfile.gettempdir()) / f"moonvit_compile_cache-{_uid()}"
+
+
+def _uid() -> int | str:
+    return os.getuid() if hasattr(os, "getuid") else "user"
+
+
+def private_folder(path: Path) -> bool:
+    """Create folder `path` (mode 0700) when missing; True when it is owned by this user and nobody else may
+    write in it (always True where the OS has no user ids). Code loaded from a shared temp dir would otherwise
+    be whatever another user left there."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.stat()
+    except OSError:
+        return False
+    if not hasattr(os, "getuid"):
+        return True
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def key(kind: str, parts: Iterable[Any]) -> str:
@@ -75,7 +94,7 @@ def versions(*dists: str) -> tuple[tuple[str, str], ...]:
 def load(name: str) -> tuple[dict, bytes] | None:
     """The entry `name` (a `key`): (JSON header, cubin bytes), or None when absent, unreadable or off."""
     root = folder()
-    if root is None:
+    if root is None or not private_folder(root):
         return None
     try:
         data = (root / name).read_bytes()
@@ -89,11 +108,10 @@ def load(name: str) -> tuple[dict, bytes] | None:
 def store(name: str, header: dict, cubin: bytes) -> None:
     """Write the entry `name` (atomically; a full disk or a read-only folder only costs the next compile)."""
     root = folder()
-    if root is None:
+    if root is None or not private_folder(root):
         return
     text = json.dumps(header).encode()
     try:
-        root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{name}.")
         with os.fdopen(fd, "wb") as f:
             f.write(_HEADER.pack(len(text)) + text + cubin)

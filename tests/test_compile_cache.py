@@ -1,11 +1,14 @@
 """compile_cache: a kernel compiles once per key, and any change of what decides its binary compiles it again."""
 
 import dataclasses
+import os
 
 import pytest
 
 from moonvit_kernels import compile_cache, registry
 from moonvit_kernels.numba_backend import compile_check
+
+real_uid = os.getuid() if hasattr(os, "getuid") else 0
 
 
 @pytest.fixture
@@ -72,3 +75,32 @@ def test_numba_entries_compile_once_per_entry_and_compiler(cache, monkeypatch):
     monkeypatch.setattr(compile_cache, "package_digest", lambda: "an edited package")  # any source edit
     compile_check._build_entry(entry, fn, sig, (9, 0))
     assert len(built) == 4
+
+
+def test_a_folder_others_can_write_or_own_is_never_read(cache, monkeypatch):
+    """The launchers load cached cubins onto the GPU: a folder another user could have filled is a miss."""
+    name = compile_cache.key("t", ["x"])
+    compile_cache.store(name, {"log": ""}, b"cubin")
+    assert compile_cache.load(name) is not None
+    assert cache.stat().st_mode & 0o777 == 0o700
+    cache.chmod(0o777)
+    assert compile_cache.load(name) is None
+    compile_cache.store(compile_cache.key("t", ["y"]), {}, b"planted")
+    assert not any(p.name == compile_cache.key("t", ["y"]) for p in cache.iterdir())
+    cache.chmod(0o700)
+    monkeypatch.setattr(os, "getuid", lambda: real_uid + 1)  # the folder belongs to somebody else
+    assert compile_cache.load(name) is None
+
+
+def test_the_emulator_refuses_a_library_folder_others_can_write(tmp_path, monkeypatch):
+    from moonvit_kernels.cuda_backend.emulation import build
+
+    if build.compiler() is None:
+        pytest.skip("no C++ compiler")
+    monkeypatch.setattr(build.tempfile, "gettempdir", lambda: str(tmp_path))
+    files = {"unit.cpp": 'extern "C" int answer() { return 42; }\n'}
+    lib = build.build_library(files, "unit.cpp", standins=("prelude.h", "cuda_bf16.h"), tag="owner_check")
+    assert build.build_library(files, "unit.cpp", standins=("prelude.h", "cuda_bf16.h"), tag="owner_check") == lib
+    lib.parent.chmod(0o777)
+    with pytest.raises(RuntimeError, match="only it can write"):
+        build.build_library(files, "unit.cpp", standins=("prelude.h", "cuda_bf16.h"), tag="owner_check")

@@ -31,6 +31,8 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from ...compile_cache import private_folder
+
 HERE = Path(__file__).resolve().parent
 PORTABLE_STANDINS = ("prelude.h", "ptx.cuh", "cuda_bf16.h", "launch_entry.h")
 HOPPER_STANDINS = ("prelude.h", "cuda_bf16.h", "hopper.cuh", "ptx_sm90.cuh", "launch_entry.h")
@@ -147,9 +149,12 @@ def build_library(
     h.update(Path(__file__).read_bytes())
     build = Path(tempfile.gettempdir()) / f"moonvit_emu_{tag}_{h.hexdigest()[:16]}"
     lib_path = build / f"lib{tag}.so"
+    if not private_folder(build):  # the library is loaded into this process: it must be ours alone
+        raise RuntimeError(
+            f"{build} is not a folder of this user's own that only it can write: delete it, or point TMPDIR elsewhere"
+        )
     if lib_path.exists():
         return lib_path
-    build.mkdir(parents=True, exist_ok=True)
     with _build_lock(build):  # a second process asking for the same library waits for it instead of building it too
         if not lib_path.exists():
             _compile(files, main, standin_text, build, lib_path, tag, cxx, flags, extra_flags, units)
