@@ -104,7 +104,7 @@ def make_plan(simulate: bool, quick: bool, budget_s: float | None = None) -> Pla
             numba_gemm_shapes=("wo+residual",),
             cuda_gemm_shapes=("qkv", "wo+residual", "proj2") if quick else ALL_GEMMS,
             v1_threads=32,
-            tower_config=tiny.replace(vt_num_hidden_layers=1),  # the simulator takes ~10 s a layer
+            tower_config=tiny.replace(vt_num_hidden_layers=1),  # one layer: a few seconds of the simulator
             tower_cases=(
                 ("image 2x4 patches (stands in for 448²)", ((1, 2, 4),)),
                 ("image 4x4 patches (stands in for 896²)", ((1, 4, 4),)),
