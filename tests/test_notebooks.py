@@ -121,11 +121,12 @@ def run_notebook(path, tmp_path):
         resources={"metadata": {"path": str(tmp_path)}},  # any working directory
     )
     try:
-        client.execute()
+        client.execute(cleanup_kc=True)  # a kernel manager passed in is otherwise left running until exit
     except CellExecutionError as e:
         pytest.fail(f"{path.name} failed:\n{e}")
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
+    assert not km.has_kernel, f"{path.name}: the kernel still runs after its notebook"
     errors = [o for c in code_cells(nb) for o in c.outputs if o.output_type == "error"]
     assert not errors
 
