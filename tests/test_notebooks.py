@@ -115,6 +115,7 @@ def run_notebook(path, tmp_path):
     client = NotebookClient(
         nb,
         km=km,
+        shutdown_kernel="immediate",  # killed when done: a graceful shutdown waits up to 5 s per notebook
         timeout=600,
         kernel_name="python3",
         record_timing=False,
