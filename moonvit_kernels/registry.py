@@ -118,13 +118,16 @@ class KernelEntry:
         """The numba entry's module, e.g. `moonvit_kernels.numba_backend.gemm`."""
         return f"{NUMBA_PACKAGE}.{self.module}"
 
-    def python_function(self) -> Callable:
-        """The numba entry's Python function (what `cuda.compile_ptx` takes); imports its module."""
+    def dispatcher(self) -> Any:
+        """The numba entry's kernel as its launcher calls it (a numba dispatcher); imports its module."""
         target = getattr(importlib.import_module(self.module_path), self.kernel)
         if isinstance(target, Mapping):
-            target = target[self.args[0] if len(self.args) == 1 else self.args]
-        elif self.args:
-            target = target(*self.args)
+            return target[self.args[0] if len(self.args) == 1 else self.args]
+        return target(*self.args) if self.args else target
+
+    def python_function(self) -> Callable:
+        """The numba entry's Python function (what `cuda.compile_ptx` takes); imports its module."""
+        target = self.dispatcher()
         return getattr(target, "py_func", target)
 
     def want(self) -> Callable:
@@ -206,7 +209,7 @@ def _numba_entries() -> list[KernelEntry]:
             _numba(
                 "attention", f"attention_v1_hd{hd}_t{t1}", t1, lm.attention_at(hd, 4, None),
                 _NUMBA_ATTENTION_REGISTERS[(1, hd)], version="v1", specialisation=f"hd{hd} t{t1}",
-                module="attention", kernel="make_attention_v1", args=(hd, t1), signature="SIGNATURE_V1",
+                module="attention", kernel="attention_v1_kernel", args=(hd, t1), signature="SIGNATURE_V1",
                 max_registers=launch_rules.max_registers_for(t1), trace_job="attention_v1" if hd == lm.HD else None,
             )
         )  # fmt: skip
@@ -217,7 +220,7 @@ def _numba_entries() -> list[KernelEntry]:
                 # the QK loop and the PV loop do L²·hd multiply-adds each
                 lm.attention_at(hd, 4, bq, fma_shares=(0.5, 0.5)),
                 _NUMBA_ATTENTION_REGISTERS[(2, hd)], version="v2", specialisation=f"hd{hd} q{bq} k{bk}",
-                module="attention", kernel="make_attention_v2", args=(hd, bq, bk), signature="SIGNATURE_V2",
+                module="attention", kernel="attention_v2_kernel", args=(hd, bq, bk), signature="SIGNATURE_V2",
                 max_registers=launch_rules.max_registers_for(bq * bk),
                 trace_job="attention_v2" if hd == lm.HD else None,
             )

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from moonvit_kernels import registry
-from moonvit_kernels.cuda_backend import launchers, nvrtc_check, tensor_maps
+from moonvit_kernels.cuda_backend import launchers, nvrtc_check, rehearsal, tensor_maps
 from moonvit_kernels.cuda_backend import sources as kcuda
 
 GEMM_SOURCE, ATTENTION_SOURCE = "gemm_bf16_sm90.cu", "flash_attn_sm90.cu"
@@ -77,11 +77,33 @@ def _module(device: tuple[str, int], source: str, names: tuple[str, ...]) -> tup
     source text goes to the emulator, which builds it against its sm_90a models."""
     cp = array_module()
     if launchers.is_emulated():
+        if rehearsal.on():  # the build a GPU makes, its cubin not loaded; then the emulator's
+            _rehearse_build(source, names)
         module = cp.RawModule(
             code=kcuda.load_source(source), options=(f"-arch={kcuda.HOPPER_ARCH}",), name_expressions=names,
             regs_at_entry=_regs_at_entry,
         )  # fmt: skip
         return module, {n: n for n in names}
+    path, lowered = _build_cubin(source, names)
+    return cp.RawModule(path=path), lowered
+
+
+def _rehearse_build(source: str, names: tuple[str, ...]) -> None:
+    """`_build_cubin` as on a GPU, the cubin then deleted (`rehearsal`); noted as not rehearsed without NVRTC."""
+    what = f"nvrtc_check.compile_text {source} {', '.join(names)} ({kcuda.HOPPER_ARCH})"
+    try:
+        nvrtc_check.nvrtc_version()
+    except Exception as e:  # a base install: no NVRTC library to build with
+        rehearsal.record(what, f"not rehearsed: NVRTC is not available ({e})")
+        return
+    path, _ = _build_cubin(source, names)
+    rehearsal.record(what, f"built: {os.path.getsize(path)} B cubin")
+    os.unlink(path)
+
+
+def _build_cubin(source: str, names: tuple[str, ...]) -> tuple[str, dict[str, str]]:
+    """NVRTC's sm_90a cubin of `source` with the run-time options, written to a temporary file: (its path,
+    {name expression: mangled name}); its ptxas log is kept in BUILD_LOGS."""
     cubin, log, lowered = nvrtc_check.compile_text(
         kcuda.load_source(source), source, names, kcuda.HOPPER_ARCH, strict=False
     )
@@ -89,7 +111,7 @@ def _module(device: tuple[str, int], source: str, names: tuple[str, ...]) -> tup
     fd, path = tempfile.mkstemp(suffix=f".{source}.sm_90a.cubin")
     with os.fdopen(fd, "wb") as f:
         f.write(cubin)
-    return cp.RawModule(path=path), lowered
+    return path, lowered
 
 
 def _kernel(source: str, name: str, names: tuple[str, ...], smem: int) -> Any:

@@ -32,6 +32,7 @@ import numpy as np
 from moonvit_kernels import registry
 
 from .. import packing
+from . import rehearsal
 from . import sources as kcuda
 
 FLOAT32 = "float32"
@@ -262,7 +263,19 @@ def _module(device: tuple[str, int], source: str, names: tuple[str, ...]) -> Any
 
         check_toolchain()  # one clear message when a pip compiler is ahead of the driver
     options = kcuda.compile_options(_nvrtc_major())
+    if is_emulated() and rehearsal.on():  # the build a GPU makes (CuPy's pipeline), then the emulator's
+        rehearsal.cupy_build(source, kcuda.load_source(source), kcuda.compile_options(_real_cupy_nvrtc_major()), names)
     return cp.RawModule(code=kcuda.load_source(source), options=options, name_expressions=names)
+
+
+def _real_cupy_nvrtc_major() -> int | None:
+    """The NVRTC major of the installed CuPy (not of the emulated device), for a rehearsed GPU build."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.nvrtc.getVersion()[0])
+    except Exception:  # no CuPy: the rehearsal says so itself
+        return None
 
 
 @functools.cache

@@ -81,8 +81,8 @@ class BinaryRecorder:
         return make
 
     def _keep_log(self, original: Callable) -> Callable:
-        def wrapped(text: str, filename: str, names: Any, arch: str) -> Any:
-            result = original(text, filename, names, arch)
+        def wrapped(text: str, filename: str, names: Any, arch: str, *args: Any, **kwargs: Any) -> Any:
+            result = original(text, filename, names, arch, *args, **kwargs)
             self.logs.append((f"{filename} {', '.join(names)} ({arch})", str(result[1])))
             return result
 
@@ -115,32 +115,29 @@ def kernel_table(kernels: dict[str, Any]) -> str:
 
 
 def numba_table() -> str:
-    """Registers, local memory and shared memory per compiled signature of every numba kernel compiled so far."""
+    """Registers, local memory and shared memory per compiled signature of every numba kernel of the registry
+    compiled so far in this process, read through numba-cuda's dispatcher API (`get_regs_per_thread(signature)`
+    etc., which take the `Signature` objects of `nopython_signatures`)."""
+    from moonvit_kernels import registry
+
     lines = ["kernel | signature | registers | local B/thread (spills + stack) | shared B/block"]
-    for short in ("gemm", "attention", "rmsnorm", "rope", "pos_emb", "merge"):
+    seen: set[int] = set()
+    for entry in registry.numba_entries():
         try:
-            module = importlib.import_module(f"moonvit_kernels.numba_backend.{short}")
+            dispatcher = entry.dispatcher()
         except Exception as e:
-            lines.append(f"{short} | does not import ({type(e).__name__})")
+            lines.append(f"{entry.label} | does not import ({type(e).__name__}: {e})")
             continue
-        for name, obj in sorted(_dispatchers(module)):
-            for sig in list(getattr(obj, "overloads", {})):
-                try:
-                    regs = obj.get_regs_per_thread(sig)
-                    local = obj.get_local_mem_per_thread(sig)
-                    shared = obj.get_shared_mem_per_block(sig)
-                    lines.append(f"{short}.{name} | {sig} | {regs} | {local} | {shared}")
-                except Exception as e:
-                    lines.append(f"{short}.{name} | {sig} | unavailable ({type(e).__name__}: {e})")
+        if id(dispatcher) in seen or not hasattr(dispatcher, "get_regs_per_thread"):
+            continue  # one dispatcher serves several entries; the simulator's kernels have no binary
+        seen.add(id(dispatcher))
+        for sig in list(getattr(dispatcher, "nopython_signatures", [])):
+            args = ", ".join(str(a) for a in sig.args)
+            try:
+                regs = dispatcher.get_regs_per_thread(sig)
+                local = dispatcher.get_local_mem_per_thread(sig)
+                shared = dispatcher.get_shared_mem_per_block(sig)
+                lines.append(f"{entry.label} | ({args}) | {regs} | {local} | {shared}")
+            except Exception as e:
+                lines.append(f"{entry.label} | ({args}) | unavailable ({type(e).__name__}: {e})")
     return "\n".join(lines) if len(lines) > 1 else "no numba kernel was compiled in this worker"
-
-
-def _dispatchers(module: Any) -> list[tuple[str, Any]]:
-    """(name, dispatcher) of the compiled kernels a module holds, directly or in dict-valued tables."""
-    found = []
-    for name, obj in vars(module).items():
-        values = obj.items() if isinstance(obj, dict) else [(name, obj)]
-        for key, value in values:
-            if hasattr(value, "get_regs_per_thread") and hasattr(value, "overloads"):
-                found.append((str(key) if isinstance(obj, dict) else name, value))
-    return found

@@ -231,6 +231,36 @@ def preflight_items(plan: Plan, sink: Any, ctx: Context) -> list[Item]:
     return [(PREFLIGHT_ITEM, run)]
 
 
+# ============================================================================ the numba build, rehearsed
+NUMBA_BUILD_ITEM = "numba GPU build (NVVM, numba-cuda's linker, sm_90)"
+
+
+def numba_build_item(sink: Any) -> None:
+    """Under --simulate: the numba kernels built as a GPU builds them (`numba_build`, in a process with the
+    simulator off): a PASS with the kernels' registers in diagnostics.md, or an ERROR whose reason is the one line
+    naming what is missing (NVVM, a matching NVVM) and what fixes it."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
+    r = subprocess.run(
+        [sys.executable, "-m", "moonvit_kernels.gpu_check.numba_build"], env=env, capture_output=True, text=True
+    )
+    try:
+        result = json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        why = f"the numba build rehearsal printed no result (exit {r.returncode}): {r.stderr[-500:]}"
+        raise RuntimeError(why) from None
+    if result["table"]:
+        sink.diagnostic(f"numba kernels built by {NUMBA_BUILD_ITEM}", f"{result['toolchain']}\n{result['table']}")
+    if result["error"]:
+        sink.verdict("kernels", NUMBA_BUILD_ITEM, ERROR, result["error"])
+        raise ItemFailed(NUMBA_BUILD_ITEM)
+    sink.verdict("kernels", NUMBA_BUILD_ITEM, PASS, f"{result['built']} kernels built; {result['toolchain']}")
+
+
 # ============================================================================ the kernel families
 def kernel_items(plan: Plan, family: str, sink: Any, ctx: Context) -> list[Item]:
     """The items of kernel family `family` ("CUDA C", "Hopper", "numba") over the plan's kernel sizes;
@@ -242,6 +272,10 @@ def kernel_items(plan: Plan, family: str, sink: Any, ctx: Context) -> list[Item]
         if family == "numba":
             import numba  # noqa: F401
 
+            if not plan.simulate:  # what the launchers check before their first compile, as one verdict
+                from moonvit_kernels.numba_backend.nvvm import require_nvvm
+
+                require_nvvm()
             where = numba_where(plan, ctx.gpu)
             versions, attention_versions = plan.numba_gemm_versions, plan.numba_attention_versions
 
@@ -278,6 +312,8 @@ def kernel_items(plan: Plan, family: str, sink: Any, ctx: Context) -> list[Item]
         raise ItemFailed(f"{family} kernels") from e
 
     items: list[Item] = []
+    if family == "numba" and plan.simulate:
+        items.append((NUMBA_BUILD_ITEM, lambda: numba_build_item(sink)))
     for grid_tuple in plan.kernel_grids:
         grid = np.array([grid_tuple], dtype=np.int64)
         suffix = f" L={plan.tokens((grid_tuple,))}" if len(plan.kernel_grids) > 1 else ""

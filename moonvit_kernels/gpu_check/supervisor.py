@@ -105,6 +105,7 @@ class Supervisor:
         env["PYTHONUNBUFFERED"] = "1"
         if self.plan.simulate:
             env["NUMBA_ENABLE_CUDASIM"] = "1"
+            env["MOONVIT_REHEARSE_GPU_BUILDS"] = "1"  # the launchers also run the GPU's builds (rehearsal.py)
         else:
             env.pop("NUMBA_ENABLE_CUDASIM", None)
         return env

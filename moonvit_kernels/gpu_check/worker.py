@@ -107,8 +107,12 @@ def machine_items(plan: Any, spec: dict[str, Any], sink: Any, ctx: Any) -> list[
         sink.machine(tools[:5])
         sink.diagnostic("CUDA toolchain (versions and loaded libraries)", "\n".join(f"{k}: {v}" for k, v in tools))
         if plan.simulate:
-            why = "the simulator and the emulators build no GPU binary (without a GPU: python -m moonvit_kernels.xray)"
-            sink.diagnostic("kernel binaries", f"not recorded under --simulate: {why}")
+            why = (
+                "the simulator and the emulators load no GPU binary: each family's section below gives the emulated "
+                "kernels and the GPU builds rehearsed on the CPU (the X-ray reads the real cubins: "
+                "python -m moonvit_kernels.xray)"
+            )
+            sink.diagnostic("kernel binaries", why)
 
     items = [("machine", describe)]
     if "kernels" in spec["sections"]:
@@ -133,7 +137,7 @@ def run_unit(spec: dict[str, Any], sink: Any) -> int:
     shared = spec.setdefault("shared", {})  # the same dict: an in-process caller sees what this unit shares
     ctx = Context(spec.get("gpu"), fault, Budget(at=spec["deadline"]), Path(spec["scratch"]), shared, sink)
     recorder = None
-    if not plan.simulate and (family in ("CUDA C", "Hopper") or family.startswith("CUDA C ")):
+    if family in ("CUDA C", "Hopper") or family.startswith("CUDA C "):  # on the emulator too (--simulate)
         from .binaries import BinaryRecorder
 
         recorder = BinaryRecorder()
@@ -186,16 +190,25 @@ def _traceback(what: str, error: BaseException | None = None) -> None:
 
 
 def _diagnose(sink: Any, recorder: Any, plan: Any, section: str, family: str) -> None:
-    """The registers and spills of the binaries this worker loaded (GPU only)."""
-    if plan.simulate:
-        return
+    """The registers and spills of the binaries this worker loaded; under --simulate, the emulated kernels' (the
+    catalogue's register bounds) and the GPU builds the launchers rehearsed (the numba kernels' binaries come
+    from the numba build rehearsal, `numba_build`, as the simulator builds none)."""
     try:
         if family.startswith("numba"):
-            from .binaries import numba_table
+            if not plan.simulate:
+                from .binaries import numba_table
 
-            sink.diagnostic(f"numba kernels compiled by {section}:{family}", numba_table())
+                sink.diagnostic(f"numba kernels compiled by {section}:{family}", numba_table())
         elif recorder is not None:
-            sink.diagnostic(f"kernel binaries loaded by {section}:{family}", recorder.text())
+            text = recorder.text()
+            if plan.simulate:
+                from moonvit_kernels.cuda_backend import rehearsal
+
+                text = (
+                    "CPU emulator: registers are the catalogue's bounds, -1 = known only from a GPU binary\n"
+                    f"{text}\n\nGPU builds rehearsed (MOONVIT_REHEARSE_GPU_BUILDS=1):\n{rehearsal.text()}"
+                )
+            sink.diagnostic(f"kernel binaries loaded by {section}:{family}", text)
     except Exception as e:
         sink.diagnostic(f"kernel binaries of {section}:{family}", f"not recorded: {type(e).__name__}: {e}")
 

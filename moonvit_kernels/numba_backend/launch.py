@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import launch_rules, packing
 from ._cuda import cuda, is_cuda_ndarray
+from .nvvm import require_nvvm
 
 # Largest index a kernel computes in int32 without overflow.
 
@@ -167,7 +168,8 @@ def check_launch(kernel: Any, blocks: Any, threads: Any, registers_of: str | Non
     `blocks` and `threads` are ints or tuples (x, y, z order). Every grid dimension must be in
     1..MAX_GRID, the block 1..1024 threads, and the block's registers (per-thread count from
     `kernel_registers` under the kernel's name, or `registers_of` when a specialisation
-    shares another's count) must pass `launch_rules.register_problem`. Raises ValueError naming the kernel.
+    shares another's count) must pass `launch_rules.register_problem`. Raises ValueError naming the kernel,
+    or `nvvm.NvvmUnavailable` when numba-cuda cannot compile on this machine (checked once, before the first compile).
     """
     name = kernel_name(kernel)
     grid = (blocks,) if isinstance(blocks, (int, np.integer)) else tuple(blocks)
@@ -187,6 +189,7 @@ def check_launch(kernel: Any, blocks: Any, threads: Any, registers_of: str | Non
     problem = launch_rules.register_problem(registers, count)
     if problem:
         raise ValueError(f"{name}: {problem} ({source}): use at most {max_threads_for(registers)} threads")
+    require_nvvm()  # before the first compile: one clear line when numba-cuda cannot compile here (once a process)
     return blocks, threads
 
 

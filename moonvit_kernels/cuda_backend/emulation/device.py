@@ -281,6 +281,20 @@ class Function:
         self.num_regs = _catalogue_registers(name)
         self.local_size_bytes = -1
 
+    @property
+    def attributes(self) -> dict[str, int]:
+        """CuPy's `Function.attributes` (the same keys), with what the emulated device knows: the catalogue's
+        register bound, the raised dynamic shared memory, the device's compute capability; -1 where only a GPU
+        binary would say (static shared and local memory)."""
+        cc = int(_PROPS[_CURRENT[0]].compute_capability)
+        return {
+            "max_threads_per_block": 1024, "shared_size_bytes": -1, "const_size_bytes": -1,
+            "local_size_bytes": self.local_size_bytes, "num_regs": self.num_regs, "ptx_version": cc,
+            "binary_version": cc, "cache_mode_ca": 0,
+            "max_dynamic_shared_size_bytes": self.max_dynamic_shared_size_bytes,
+            "preferred_shared_memory_carveout": -1,
+        }  # fmt: skip
+
     def __call__(self, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], *, shared_mem: int = 0,
                  stream: Any = None, enable_cooperative_groups: bool = False) -> None:  # fmt: skip
         g, b = _dims(grid, "grid"), _dims(block, "block")
