@@ -10,6 +10,7 @@ events, cuBLAS/SDPA, clocks) cannot run here; the timing method is checked with 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import os
 import subprocess
 import sys
@@ -223,6 +224,94 @@ def test_a_start_up_failure_still_writes_the_report_with_the_traceback(tmp_path,
     text = (tmp_path / "report.md").read_text()
     assert "FAILED TO START" in text and "Traceback" in text and "ModuleNotFoundError" in text
     assert "Traceback" in (tmp_path / "errors.log").read_text()
+
+
+def test_a_missing_dependency_still_writes_the_report_from_a_source_tree(tmp_path):
+    """`python -m moonvit_kernels.gpu_check` on an image lacking a package the project imports (here numpy, made
+    unimportable): the package's lazy `__init__` lets gpu_check start, and its report names the missing import."""
+    fake = tmp_path / "site" / "numpy"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named numpy (planted by the test)')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(ROOT)])}
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "moonvit_kernels.gpu_check", "--simulate", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr[-2000:]
+    text = (out / "report.md").read_text()
+    assert "FAILED TO START" in text and "No module named numpy (planted by the test)" in text
+    assert "planted by the test" in (out / "errors.log").read_text()
+
+
+def test_the_recorder_passes_the_launchers_keywords_to_compile_text():
+    """hopper_launchers calls `nvrtc_check.compile_text(text, file, names, arch, strict=False)`: the recorder's
+    wrapper must take and pass every argument the launcher gives (a GPU run's Hopper builds go through it)."""
+    from moonvit_kernels.gpu_check.binaries import BinaryRecorder
+
+    seen = []
+
+    def compile_text(text, filename, names, arch, strict=True):
+        seen.append(strict)
+        return b"cubin", "ptxas info: Used 168 registers", {n: n for n in names}
+
+    rec = BinaryRecorder()
+    wrapped = rec._keep_log(compile_text)
+    assert wrapped("src", "gemm_bf16_sm90.cu", ("k",), "sm_90a", strict=False)[0] == b"cubin"
+    assert seen == [False] and rec.logs == [("gemm_bf16_sm90.cu k (sm_90a)", "ptxas info: Used 168 registers")]
+
+
+def test_numba_table_asks_the_dispatcher_with_signature_objects(monkeypatch):
+    """numba-cuda's `get_regs_per_thread(signature)` reads `signature.args`: the table passes the dispatcher's own
+    `nopython_signatures` (a stand-in with numba-cuda's semantics), one row per compiled signature."""
+    import types
+
+    from moonvit_kernels import registry
+    from moonvit_kernels.gpu_check import binaries
+
+    class Dispatcher:
+        overloads = {("float32[::1]",): types.SimpleNamespace(regs_per_thread=40, local_mem_per_thread=0,
+                                                              shared_mem_per_block=1024)}  # fmt: skip
+        nopython_signatures = [types.SimpleNamespace(args=("float32[::1]",))]
+
+        def get_regs_per_thread(self, signature=None):
+            return self.overloads[signature.args].regs_per_thread
+
+        def get_local_mem_per_thread(self, signature=None):
+            return self.overloads[signature.args].local_mem_per_thread
+
+        def get_shared_mem_per_block(self, signature=None):
+            return self.overloads[signature.args].shared_mem_per_block
+
+    entry = registry.numba_entries()[0]
+    monkeypatch.setattr(registry, "numba_entries", lambda modules=None: [entry])
+    monkeypatch.setattr(type(entry), "dispatcher", lambda self: Dispatcher())
+    table = binaries.numba_table()
+    assert f"{entry.label} | (float32[::1]) | 40 | 0 | 1024" in table, table
+
+
+@pytest.mark.slow  # ~11 s: every numba kernel typed, compiled by NVVM and linked by numba-cuda, no GPU
+def test_the_numba_build_rehearsal_reads_registers_through_the_real_dispatchers():
+    """`gpu_check.numba_build` (what --simulate's numba family runs): numba-cuda's real dispatchers compile every
+    registry entry for an sm_90 device and its linker links them; `binaries.numba_table` reads each one's
+    registers through the dispatcher API, as on a GPU."""
+    from moonvit_kernels import registry
+    from moonvit_kernels.numba_backend.compilers import NUMBA_CUDA, installed
+
+    if not installed(NUMBA_CUDA) or importlib.util.find_spec("cuda.bindings") is None:
+        pytest.skip("numba-cuda with cuda-bindings is needed")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "moonvit_kernels.gpu_check.numba_build"], env=env,
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = __import__("json").loads(r.stdout.strip().splitlines()[-1])
+    if result["error"] and "NVVM" in result["error"] and result["built"] == 0:
+        pytest.skip(f"this machine cannot compile numba kernels: {result['error']}")
+    assert result["error"] is None, result["error"]
+    rows = [line.split(" | ") for line in result["table"].splitlines()[1:]]
+    labels = {e.label for e in registry.numba_entries()}
+    assert {row[0] for row in rows} == labels and result["built"] == len(labels)
+    assert all(row[2].isdigit() and 0 < int(row[2]) <= 255 and row[3].isdigit() for row in rows), rows
 
 
 @needs_sim
