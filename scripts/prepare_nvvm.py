@@ -54,7 +54,7 @@ def wheel_version(wheel: Path) -> str:
     return wheel.name.split("-")[1]
 
 
-def pack(wheel: Path, out: Path) -> dict:
+def pack(wheel: Path, out: Path, preset: int = 6) -> dict:
     """Write OUT/nvvm-<version>.tar.xz and OUT/nvvm.json from `wheel`; return the manifest."""
     version = wheel_version(wheel)
     if not version.startswith("13."):
@@ -62,7 +62,7 @@ def pack(wheel: Path, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     archive = out / f"nvvm-{version}.tar.xz"
     files = {}
-    with zipfile.ZipFile(wheel) as whl, tarfile.open(archive, "w:xz", preset=6) as tar:
+    with zipfile.ZipFile(wheel) as whl, tarfile.open(archive, "w:xz", preset=preset) as tar:
         names = set(whl.namelist())
         for inside, target in WHEEL_FILES.items():
             if inside not in names:
@@ -96,12 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--version", default="13.0", help="nvidia-nvvm release to pack, e.g. 13.0 (nvJitLink's)")
     p.add_argument("--wheel", type=Path, help="use this nvidia-nvvm wheel instead of downloading one")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "gpu_toolchain")
+    p.add_argument("--preset", type=int, default=6, choices=range(10), help="xz level: 6 ~20 MB in ~40 s, 0 faster")
     args = p.parse_args(argv)
     if args.wheel:
-        pack(args.wheel, args.out)
+        pack(args.wheel, args.out, args.preset)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        pack(download_wheel(args.version, Path(tmp)), args.out)
+        pack(download_wheel(args.version, Path(tmp)), args.out, args.preset)
     return 0
 
 

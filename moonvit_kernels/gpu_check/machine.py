@@ -290,10 +290,13 @@ def toolchain(simulate: bool) -> list[tuple[str, str]]:
 
     def nvvm() -> str:
         if simulate:
-            return "not asked under --simulate (numba runs its simulator here, without NVVM)"
-        from numba.cuda.cudadrv.nvvm import NVVM
+            return "not asked here (numba runs its simulator); the item 'numba GPU build' checks it"
+        from moonvit_kernels.numba_backend.nvvm import NvvmUnavailable, require_nvvm
 
-        return ".".join(map(str, NVVM().get_version()))
+        try:
+            return require_nvvm()  # the numba launchers' own check, the prepared gpu_toolchain/ included
+        except NvvmUnavailable as e:
+            return f"unusable: {e}"
 
     def nvjitlink() -> str:
         from cuda.bindings import nvjitlink as nvj

@@ -268,6 +268,9 @@ def build_kernel(
         module=module, kernel=fn.__name__, signature=signature, max_registers=int(max_registers), compiler=COMPILER
     )
     try:
+        from .nvvm import require_nvvm
+
+        require_nvvm()  # NVVM found (or the prepared one unpacked) and its PTX linkable, before the first compile
         with driverless_target(cc):
             ptx, _ = cuda.compile_ptx(fn, signature, cc=cc)
         report.ptx_version = ptx_isa(ptx)
@@ -507,6 +510,12 @@ def _build_here(
 
     if COMPILER != compiler:
         raise RuntimeError(f"this process already builds with {COMPILER}; run {compiler} in a fresh process")
+    from .nvvm import NvvmUnavailable, require_nvvm
+
+    try:
+        require_nvvm()  # what a launcher checks first: a missing or mismatched NVVM is one report, not 25 errors
+    except NvvmUnavailable as e:
+        return [(KernelReport("-", "<toolchain>", "", 0, error=str(e)[:500], compiler=compiler), None)]
     built = _build_all(modules, cc)
     if sass:
         _add_loops(built)
