@@ -8,7 +8,7 @@ the dispatchers (`binaries.numba_table`). Under `--simulate` the kernels run on 
 none of that, so this module does it, with the simulator off (hence a process of its own):
 `require_nvvm()`, then every numba entry of the registry compiled by its real dispatcher
 (`Dispatcher.compile(signature)`) for sm_90, then `binaries.numba_table()` unchanged. Only what needs a device
-is stood in for: the current device is an sm_90 (`compile_check.driverless_target`), and loading the cubin
+is stood in for: the current device is an sm_90 (`driverless.driverless_target`), and loading the cubin
 into a context (`CUDACodeLibrary.get_cufunc`) returns a function whose `attrs` (numba's FuncAttr: regs,
 shared, local, const, maxthreads) are read from the cubin numba's own linker made (`xray.cubin`).
 
@@ -76,7 +76,7 @@ def build_all() -> dict[str, Any]:
         result["error"] = str(e)
         return result
     from .. import registry
-    from ..numba_backend.compile_check import driverless_target
+    from ..numba_backend.driverless import driverless_target
     from .binaries import numba_table
 
     failed = []

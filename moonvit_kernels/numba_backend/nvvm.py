@@ -181,7 +181,7 @@ def require_nvvm() -> str:
             raise NvvmUnavailable(f"the prepared NVVM in {home} does not load ({why}); make it again")
         source = f"prepared ({home})"
     from ._cuda import cuda
-    from .compile_check import driverless_target, link, ptx_isa
+    from .driverless import driverless_target, link, ptx_isa
 
     try:
         with driverless_target((9, 0)):
