@@ -209,7 +209,7 @@ def test_numpy_without_row_stack_compiles_through_the_shim():
         """
         import importlib, json, sys
         import numpy as np
-        import moonvit_kernels  # (scipy's numpy clone reads numpy.__all__, which still names row_stack here)
+        import moonvit_kernels.reference  # (scipy's numpy clone reads numpy.__all__, which still names row_stack here)
         if hasattr(np, "row_stack"):
             delattr(np, "row_stack")
         import numba.cuda
