@@ -287,6 +287,28 @@ def test_golden_rejects_inputs_that_do_not_fit(tmp_path, capsys):
     assert "needs sum(t*h*w) = 4" in error_line(capsys)
 
 
+# ============================================================================ Ctrl-C
+def test_an_interrupt_is_one_line_and_exit_status_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.rope_command, "run", interrupted)
+    assert cli.main(["rope"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == "interrupted\n" and captured.out == ""
+
+
+def test_an_interrupted_subprocess_exits_130_without_a_traceback(tmp_path):
+    code = (
+        "import os, signal, sys; from moonvit_kernels import rope_command, cli\n"
+        "rope_command.run = lambda args: os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.exit(cli.main(['rope']))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 130 and r.stderr == "interrupted\n", r.stderr
+
+
 # ============================================================================ info
 def test_info_reads_headers_only(monkeypatch, capsys):
     def no_reading(self, name):
