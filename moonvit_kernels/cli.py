@@ -119,17 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     reports a mismatch (`info`), 2 for a user-facing error printed as one line on stderr, 130 (the shells'
     status for SIGINT) when interrupted (Ctrl-C), with one line `interrupted` and no traceback."""
     try:
-        return _run(argv)
+        args = build_parser().parse_args(argv)
+        return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-
-
-def _run(argv: list[str] | None) -> int:
-    """`main` without the interrupt: parse, run, turn the errors users meet into one line and status 2."""
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
     except CLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
