@@ -10,7 +10,7 @@ info    what a checkpoint holds, from the safetensors headers only (no tensor by
 fetch   only the vision tensors of a (sharded, remote) checkpoint, by ranged reads
 
 Errors (unreadable image, incompatible checkpoint, bad arguments) exit with status 2 and one
-line on stderr naming the file.
+line on stderr naming the file; Ctrl-C exits with status 130 and one line, `interrupted`.
 """
 
 from __future__ import annotations
@@ -116,10 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv), run the command, and return its exit status: 0, 1 where a command
-    reports a mismatch (`info`), 2 for a user-facing error printed as one line on stderr."""
-    args = build_parser().parse_args(argv)
+    reports a mismatch (`info`), 2 for a user-facing error printed as one line on stderr, 130 (the shells'
+    status for SIGINT) when interrupted (Ctrl-C), with one line `interrupted` and no traceback."""
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     except CLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -40,6 +40,7 @@ import glob
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -494,8 +495,7 @@ def encode_dataset(
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
     if batch_tokens < 1:
         raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
-    if actors is not None and actors < 1:
-        raise ValueError(f"actors must be >= 1, got {actors}")
+    check_resources(actors, num_cpus, backend)
     weights = str(weights)
     folder = local_checkpoint(weights)  # hf:// or http(s)://: fetched once into this node's cache
     config = load_config(folder)
@@ -532,6 +532,33 @@ def encode_dataset(
     return _finish(src, out, shards, written, settings, config, run, len(sources), made)
 
 
+def check_resources(actors: int | None, num_cpus: int | None, backend: str) -> None:
+    """ValueError naming --actors or --num-cpus when they cannot run (Ray would wait for CPUs forever):
+    fewer than one of either, or (numpy backend, a local Ray of --num-cpus CPUs) more actors than CPUs."""
+    if num_cpus is not None and num_cpus < 1:
+        raise ValueError(f"--num-cpus {num_cpus}: a local Ray needs at least 1 CPU to run anything")
+    if actors is not None and actors < 1:
+        raise ValueError(f"--actors {actors}: at least 1 encoder actor is needed")
+    if num_cpus is not None and backend == "numpy" and not os.environ.get("RAY_ADDRESS"):
+        plan_cpus(num_cpus, actors or 1, "the local Ray (--num-cpus)")
+
+
+def plan_cpus(cpus: float, actors: int, where: str) -> tuple[float, float]:
+    """The CPUs each encoder actor and each decode task ask for, on `cpus` CPUs: half of them (whole,
+    at least 1) shared by the actors and 1 per decode task when that leaves one for decoding; else an
+    equal fraction each, so that all `actors` and one decode task run at once (a 1-CPU machine: 0.5 each).
+    ValueError naming --actors when there are more actors than CPUs (`where` names the Ray)."""
+    if actors > cpus:
+        raise ValueError(
+            f"--actors {actors} needs at least {actors} CPUs (one per encoder actor), {where} has {cpus:g}: "
+            f"pass --actors {max(1, int(cpus))} or fewer, or run on more CPUs"
+        )
+    if cpus >= actors + 1:
+        return max(1, int(cpus) // 2 // actors), 1
+    share = math.floor(cpus / (actors + 1) * 10**4) / 10**4  # Ray counts CPUs in steps of 1/10000
+    return share, share
+
+
 def _run_pipeline(
     ray: Any,
     sources: list[Source],
@@ -560,24 +587,30 @@ def _run_pipeline(
     ]
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
-    cpus = max(1, int(resources.get("CPU", 1)))
+    cpus = float(resources.get("CPU", 0))
     use_gpu = gpus > 0 and backend != "numpy"
     if use_gpu:
-        encode_resources = {"num_gpus": 1}
+        if actors is not None and actors > gpus:
+            raise ValueError(
+                f"--actors {actors} needs {actors} GPUs (one per encoder actor), the Ray cluster has {gpus}"
+            )
+        encoder_cpus, decode_cpus = plan_cpus(cpus, actors or gpus, "the Ray cluster")
+        encode_resources = {"num_gpus": 1, "num_cpus": min(1, encoder_cpus)}  # a GPU actor's host work
         pool = ray.data.ActorPoolStrategy(size=actors or gpus)
     else:
         if backend == "auto":
             backend = "numpy"
-        encode_resources = {"num_cpus": max(1, cpus // 2)}
+        encoder_cpus, decode_cpus = plan_cpus(cpus, actors or 1, "the Ray cluster")
+        encode_resources = {"num_cpus": encoder_cpus}
         pool = ray.data.ActorPoolStrategy(size=actors or 1)
-    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * cpus)))
+    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * int(cpus))))
     # The memory request (a decoded photograph and its float32 patches) also makes the decode map's
     # resources differ from the encoder's, so Ray Data does not fuse decoding into the encoder actors:
     # it stays in CPU tasks of its own (spread over the nodes, Ray Data's default for tasks).
     from .preprocess import resolve_settings
 
     settings = resolve_settings(config, **limits)
-    ds = ds.map(decode_row, fn_kwargs={"settings": settings}, num_cpus=1, memory=DECODE_MEMORY)
+    ds = ds.map(decode_row, fn_kwargs={"settings": settings}, num_cpus=decode_cpus, memory=DECODE_MEMORY)
     ds = ds.map_batches(
         Encoder,
         fn_constructor_kwargs={"weights": weights, "backend": backend, "batch_tokens": batch_tokens},

@@ -64,6 +64,7 @@ float64 from the same inputs and weights, the better oracle for judging float32 
 
 GOLDEN_FORMAT = "moonvit_kernels golden 1"
 GOLDEN_FILES = ("inputs.npz", "extras.npz", "stages_float32.npz", "stages_float64.npz", "config.json", "README.md")
+PENDING = "moving"  # in provenance.json while a run moves its files in: name -> the sha256s the file may have
 
 
 def golden_made_with(
@@ -96,10 +97,13 @@ def write_golden(
 ) -> list[Path]:
     """Write inputs, extras, stages (float32, and float64 if asked), config, README and provenance into `out`.
 
-    Every file is first written into a hidden staging folder inside `out`; only when all are complete
+    Only files golden recorded making are replaced or removed (`golden_files_in`): a folder holding any
+    other file of a golden name, or another program's provenance.json, is refused (ForeignFiles) before any
+    compute. Every file is first written into a hidden staging folder inside `out`; only when all are complete
     do they replace the earlier ones, golden files of an earlier run that this one does not write are
-    removed, and `provenance.json` (with each file's sha256) is written last. A failure (a full disk)
-    leaves `out` as it was."""
+    removed, and `provenance.json` (with each file's sha256) is written last. A failure (a full disk) leaves
+    `out` as it was; an interruption while files move leaves a record of both runs' files, so a rerun
+    finishes the folder."""
     import shutil
     import tempfile
 
@@ -108,22 +112,99 @@ def write_golden(
     pixel_values, grid_thws = reference.validate_inputs(pixel_values, grid_thws, config, np.float32)
     if made_with is None:
         made_with = golden_made_with(weights_path, config, pixel_values, grid_thws, None)
+    earlier = golden_files_in(out)
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".golden-staging-", dir=out))
     try:
         names = _write_golden_files(staging, weights_path, config, weights, pixel_values, grid_thws, float64, sources)
         files = {name: provenance.file_digest(staging / name) for name in names}
-        (out / provenance.PROVENANCE).unlink(missing_ok=True)  # the folder is unclaimed while files move
+        record = {"format": GOLDEN_FORMAT, "made_with": made_with, "weights": str(weights_path), "files": files}
+        moving = {name: sorted({earlier.get(name), files.get(name)} - {None}) for name in {*earlier, *files}}
+        provenance.write(out, {**record, "files": {}, PENDING: moving})  # both runs' files stay golden's
         for name in names:
             os.replace(staging / name, out / name)
-        for name in GOLDEN_FILES:
+        for name in earlier:
             if name not in files:
                 (out / name).unlink(missing_ok=True)
-        record = {"format": GOLDEN_FORMAT, "made_with": made_with, "weights": str(weights_path), "files": files}
         written = [out / name for name in names] + [provenance.write(out, record)]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return written
+
+
+class ForeignFiles(ValueError):
+    """An output folder holds files of golden's names that golden did not record writing."""
+
+
+def golden_files_in(folder: Path) -> dict[str, str]:
+    """The files in `folder` that golden recorded making (name -> sha256): listed in its provenance.json
+    (or, after an interrupted run, among the files it was moving) under a golden name, with that sha256.
+
+    ForeignFiles naming them when the folder holds any other file of a golden name (a checkpoint's
+    config.json or README.md, a file changed since), or a provenance.json golden did not write."""
+    from . import provenance
+
+    if not folder.is_dir():
+        return {}
+    try:
+        record = provenance.read(folder)
+    except ValueError as e:
+        raise ForeignFiles(
+            f"{e}: golden did not write it and will not touch it; choose another output folder"
+        ) from None
+    if record is not None and record.get("format") != GOLDEN_FORMAT:
+        raise ForeignFiles(
+            f"{folder / provenance.PROVENANCE}: holds {record.get('format')!r} output, not golden files: golden will "
+            "not touch it; choose another output folder"
+        )
+    recorded = _recorded_digests(record or {})
+    owned, foreign = {}, []
+    for name in GOLDEN_FILES:
+        path = folder / name
+        if not path.exists():
+            continue
+        digest = provenance.file_digest(path) if path.is_file() and recorded.get(name) else None
+        if digest in recorded.get(name, ()):
+            owned[name] = digest
+        else:
+            foreign.append(name)
+    if foreign:
+        raise ForeignFiles(
+            f"{folder}: holds {', '.join(sorted(foreign))} that golden did not write (not listed with that content "
+            f"in a golden {provenance.PROVENANCE}): golden will not touch them; move them away or choose another "
+            "output folder"
+        )
+    return owned
+
+
+def _recorded_digests(record: dict[str, Any]) -> dict[str, set[str]]:
+    """name -> the sha256s a golden record lets that file have (its own, and any an interrupted run moved)."""
+    recorded: dict[str, set[str]] = {}
+    files, pending = record.get("files"), record.get(PENDING)
+    entries = [(name, [digest]) for name, digest in files.items()] if isinstance(files, dict) else []
+    if isinstance(pending, dict):
+        entries += [(name, digests) for name, digests in pending.items() if isinstance(digests, list)]
+    for name, digests in entries:
+        recorded.setdefault(name, set()).update(d for d in digests if isinstance(d, str))
+    return recorded
+
+
+def claim_golden(folder: Path, made_with: dict[str, Any], overwrite: bool) -> None:
+    """May golden write `folder`? ForeignFiles when files golden did not write are in the way (never
+    touched, whatever `overwrite` says); ValueError naming what differs when golden files made otherwise
+    are there and not `overwrite`."""
+    from . import provenance
+
+    owned = golden_files_in(folder)
+    record = provenance.read(folder) if owned else None
+    made_with = json.loads(json.dumps(made_with))  # as the record will read back (tuples as lists)
+    if record is None or record["made_with"] == made_with or overwrite:
+        return
+    differs = "; ".join(provenance.differences(record["made_with"], made_with))
+    raise ValueError(
+        f"{folder}: holds golden files made with another {differs}: pass --overwrite to replace them, "
+        "or choose another output folder"
+    )
 
 
 def _write_golden_files(
@@ -202,6 +283,8 @@ def check_golden(folder: str | Path) -> dict[str, Any]:
 
     folder = Path(folder)
     record = provenance.check(folder, GOLDEN_FORMAT, "a golden folder")
+    if PENDING in record:
+        raise ValueError(f"{folder}: a golden run was interrupted while moving its files in; run golden again")
     files = record.get("files", {})
     for name, digest in files.items():
         path = folder / name
@@ -218,10 +301,8 @@ def check_golden(folder: str | Path) -> dict[str, Any]:
 def cmd_golden(args: argparse.Namespace) -> int:
     """Golden inputs + stages for the bundled inputs (default) or preprocessed `--image` files.
 
-    The output folder is checked (writable; no golden files of another provenance unless
-    `--overwrite`) before the stages are computed."""
-    from . import provenance
-
+    The output folder is checked (writable; no file golden did not write in the way; no golden files of
+    another provenance unless `--overwrite`) before the stages are computed."""
     out = support.check_output(args.out, folder=True)
     config, weights = support.load_checkpoint_or_fail(args.weights)
     sources = settings = None
@@ -238,13 +319,15 @@ def cmd_golden(args: argparse.Namespace) -> int:
         pixel_values, grid_thws = support.read_inputs_or_fail(args.inputs)
     made_with = golden_made_with(args.weights, config, pixel_values, grid_thws, settings)
     try:
-        provenance.claim(out, GOLDEN_FORMAT, made_with, GOLDEN_FILES.__contains__, args.overwrite, "golden files")
+        claim_golden(out, made_with, args.overwrite)
     except ValueError as e:
         raise support.CLIError(support.one_line(e)) from None
     try:
         written = write_golden(
             out, args.weights, config, weights, pixel_values, grid_thws, args.float64, sources, made_with
         )
+    except ForeignFiles as e:
+        raise support.CLIError(support.one_line(e)) from None
     except ValueError as e:
         raise support.CLIError(f"inputs do not fit checkpoint {args.weights}: {support.one_line(e)}") from None
     for path in written:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import html
 import json
 import re
 from pathlib import Path
@@ -34,6 +35,64 @@ def check_head_dim(head_dim: int) -> int:
     if head_dim < 4 or head_dim % 4:
         raise ValueError(f"--head-dim: 2D RoPE needs a positive multiple of 4 (K3: 128), got {head_dim}")
     return head_dim
+
+
+# About what drawing may take beyond the interpreter; K3's head_dim 128 on a 64x64 grid takes a few MB.
+# It also keeps the comb picture under matplotlib's 2^16 pixels a side (head_dim ~10,900).
+MEMORY_LIMIT = 2**30
+BYTES_PER_COMB_VALUE = 80  # measured: float64 angles, cos, positions of both directions, the picture's copies
+BYTES_PER_COMB_PIXEL = 18  # measured: RGBA and matplotlib's buffers
+COMB_WIDTH_PIXELS = 1000  # `plots.rope.plot_rope_comb`: 10 x (0.06·head_dim + 2.2) inches at 100 dpi
+
+
+def drawing_bytes(head_dim: int, grid: tuple[int, int]) -> int:
+    """About the bytes drawing takes: the comb's values (head_dim/2 slots x the grid's longer side) and
+    pixels (its picture grows with head_dim); the other pictures have fixed sizes."""
+    return _values_bytes(head_dim, grid) + _pixels_bytes(head_dim)
+
+
+def _values_bytes(head_dim: int, grid: tuple[int, int]) -> int:
+    return BYTES_PER_COMB_VALUE * (head_dim // 2) * max(grid)
+
+
+def _pixels_bytes(head_dim: int) -> int:
+    return BYTES_PER_COMB_PIXEL * COMB_WIDTH_PIXELS * (6 * head_dim + 220)
+
+
+def check_sizes(head_dim: int, grid: tuple[int, int]) -> None:
+    """ValueError naming --head-dim (when it is too large even on a 1x1 grid) or --grid, the estimate and the
+    limit when drawing would take more than MEMORY_LIMIT bytes (`drawing_bytes`); nothing is allocated."""
+    need = drawing_bytes(head_dim, grid)
+    if need <= MEMORY_LIMIT:
+        return
+    if drawing_bytes(head_dim, (1, 1)) > MEMORY_LIMIT:
+        most = _largest_head_dim(max(grid))
+        option = f"--head-dim {head_dim}"
+        hint = f"--head-dim at most {most:,} with --grid {grid[0]}x{grid[1]}"
+        if most < 4:
+            hint = f"--head-dim at most {_largest_head_dim(1):,} even on a 1x1 grid"
+    else:
+        most = (MEMORY_LIMIT - _pixels_bytes(head_dim)) // (BYTES_PER_COMB_VALUE * (head_dim // 2))
+        option = f"--grid {grid[0]}x{grid[1]}"
+        hint = f"the grid's longer side at most {most:,} with --head-dim {head_dim}"
+    raise ValueError(
+        f"{option}: drawing would take about {_size(need)}, more than the limit of {_size(MEMORY_LIMIT)} ({hint})"
+    )
+
+
+def _largest_head_dim(side: int) -> int:
+    """The largest multiple of 4 whose drawing fits MEMORY_LIMIT with a grid's longer side of `side`."""
+    per_head_dim = BYTES_PER_COMB_VALUE * side / 2 + BYTES_PER_COMB_PIXEL * COMB_WIDTH_PIXELS * 6
+    return max(0, int((MEMORY_LIMIT - _pixels_bytes(0)) / per_head_dim) // 4 * 4)
+
+
+def _size(nbytes: float) -> str:
+    """1 GiB, 7.5 TiB: a byte count in binary units."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if nbytes < 1024 or unit == "PiB":
+            return f"{nbytes:.3g} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,8 +121,9 @@ def write_pictures(head_dim: int, grid: tuple[int, int], out: Path) -> list[Path
 def html_page(head_dim: int, grid: tuple[int, int], pictures: list[Path]) -> str:
     """One HTML page: the pictures inlined as data URLs and a canvas explorer computed in the page itself."""
     images = "\n".join(
-        f'<figure><img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
-        f"<figcaption>{p.name}</figcaption></figure>"
+        f'<figure><img alt="{html.escape(p.stem)}" '
+        f'src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
+        f"<figcaption>{html.escape(p.name)}</figcaption></figure>"
         for p in pictures
     )
     params = json.dumps({"headDim": head_dim, "theta": THETA, "rows": grid[0], "cols": grid[1]})
@@ -74,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     """Write the pictures (and the page); print what was written. 0 on success."""
     head_dim = check_head_dim(args.head_dim)
     grid = parse_grid(args.grid)
+    check_sizes(head_dim, grid)
     out = Path(args.out)
     if out.suffix.lower() != ".png":
         raise ValueError(f"--out: the maps are written as PNG, give a .png path (got {out.name!r})")

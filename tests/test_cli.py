@@ -16,6 +16,7 @@ from moonvit_kernels.bundled import PHOTO as BUNDLED_PHOTO
 from moonvit_kernels.bundled import TINY_DIR
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.preprocess import preprocess_images
+from moonvit_kernels.provenance import file_digest
 from moonvit_kernels.reference import vision_forward
 from moonvit_kernels.weights import (
     SafetensorsFile,
@@ -286,6 +287,28 @@ def test_golden_rejects_inputs_that_do_not_fit(tmp_path, capsys):
     assert "needs sum(t*h*w) = 4" in error_line(capsys)
 
 
+# ============================================================================ Ctrl-C
+def test_an_interrupt_is_one_line_and_exit_status_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.rope_command, "run", interrupted)
+    assert cli.main(["rope"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == "interrupted\n" and captured.out == ""
+
+
+def test_an_interrupted_subprocess_exits_130_without_a_traceback(tmp_path):
+    code = (
+        "import os, signal, sys; from moonvit_kernels import rope_command, cli\n"
+        "rope_command.run = lambda args: os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.exit(cli.main(['rope']))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 130 and r.stderr == "interrupted\n", r.stderr
+
+
 # ============================================================================ info
 def test_info_reads_headers_only(monkeypatch, capsys):
     def no_reading(self, name):
@@ -497,14 +520,16 @@ def test_golden_refuses_a_folder_made_from_other_weights(tmp_path, capsys, no_co
     other = tmp_path / "other"
     save_checkpoint(other, random_weights(VisionConfig.tiny(), seed=8), VisionConfig.tiny())
     made_with = {"checkpoint": "0" * 64, "config": "1" * 64, "inputs": "2" * 64, "preprocess": None}
-    (out / "provenance.json").write_text(json.dumps({"format": golden.GOLDEN_FORMAT, "made_with": made_with}))
     (out / "stages_float64.npz").write_bytes(b"an earlier run")
+    files = {"stages_float64.npz": file_digest(out / "stages_float64.npz")}
+    record = {"format": golden.GOLDEN_FORMAT, "made_with": made_with, "files": files}
+    (out / "provenance.json").write_text(json.dumps(record))
     assert cli.main(["golden", "--out", str(out), "--weights", str(other)]) == 2
     line = error_line(capsys)
     assert str(out) in line and "checkpoint" in line and "--overwrite" in line
-    (out / "provenance.json").unlink()  # golden files without provenance: an unknown earlier run
-    assert cli.main(["golden", "--out", str(out), "--weights", str(other)]) == 2
-    assert "--overwrite" in error_line(capsys)
+    (out / "provenance.json").unlink()  # golden files without provenance: an unknown earlier run, not touched
+    assert cli.main(["golden", "--out", str(out), "--weights", str(other), "--overwrite"]) == 2
+    assert "stages_float64.npz" in error_line(capsys) and (out / "stages_float64.npz").read_bytes() == b"an earlier run"
 
 
 def test_golden_overwrite_replaces_everything(tmp_path):
@@ -515,6 +540,75 @@ def test_golden_overwrite_replaces_everything(tmp_path):
     assert cli.main(["golden", "--out", str(out), "--weights", str(other), "--overwrite"]) == 0
     assert not (out / "stages_float64.npz").exists()
     golden.check_golden(out)
+
+
+def test_golden_never_touches_files_it_did_not_write(tmp_path, capsys):
+    """Issue 31: `golden --out CKPT` refused the checkpoint's config.json / README.md as golden files of an older
+    version, and `--overwrite` then replaced them. Files golden did not record writing are never touched."""
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(ckpt, random_weights(VisionConfig.tiny(), seed=3), VisionConfig.tiny())
+    (ckpt / "README.md").write_text("the model card")
+    before = snapshot(ckpt)
+    for overwrite in ([], ["--overwrite"]):
+        assert cli.main(["golden", "--out", str(ckpt), *overwrite]) == 2
+        line = error_line(capsys)
+        assert "README.md, config.json" in line and "did not write" in line and "will not touch" in line, line
+        assert "--overwrite" not in line
+        assert snapshot(ckpt) == before
+    (ckpt / "provenance.json").write_text(json.dumps({"format": "another program", "made_with": {}}))
+    assert cli.main(["golden", "--out", str(ckpt), "--overwrite"]) == 2
+    assert "provenance.json" in error_line(capsys)
+    assert (ckpt / "provenance.json").read_text().startswith('{"format": "another program"')
+
+
+def test_golden_replaces_only_the_files_its_record_lists(tmp_path, capsys):
+    out = tmp_path / "g"
+    assert cli.main(["golden", "--out", str(out), "--float64"]) == 0
+    record = json.loads((out / "provenance.json").read_text())
+    (out / "README.md").write_text("edited by hand")  # no longer the file golden wrote
+    assert cli.main(["golden", "--out", str(out), "--overwrite"]) == 2
+    assert "README.md" in error_line(capsys) and (out / "README.md").read_text() == "edited by hand"
+    (out / "README.md").unlink()
+    record["files"]["../outside.txt"] = record["files"].pop("stages_float64.npz")  # a hostile record
+    (tmp_path / "outside.txt").write_bytes((out / "stages_float64.npz").read_bytes())
+    (out / "provenance.json").write_text(json.dumps(record))
+    assert cli.main(["golden", "--out", str(out)]) == 2  # stages_float64.npz is no longer listed: foreign
+    assert "stages_float64.npz" in error_line(capsys)
+    (out / "stages_float64.npz").unlink()
+    assert cli.main(["golden", "--out", str(out)]) == 0
+    assert (tmp_path / "outside.txt").is_file()
+    golden.check_golden(out)
+
+
+def test_an_interrupted_golden_run_can_be_run_again(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "g"
+    assert cli.main(["golden", "--out", str(out), "--float64"]) == 0
+    other = tmp_path / "other"
+    save_checkpoint(other, random_weights(VisionConfig.tiny(), seed=8), VisionConfig.tiny())
+    real_replace = os.replace
+    moved = []
+
+    def interrupted(src, dst):  # a Ctrl-C after two of the finished files have moved into `out`
+        if Path(dst).parent == out:
+            if len(moved) == 2:
+                raise KeyboardInterrupt
+            moved.append(dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(golden.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        golden.write_golden(out, str(other), *load_checkpoint(other), *read_bundled_inputs(), float64=False)
+    monkeypatch.setattr(golden.os, "replace", real_replace)
+    with pytest.raises(ValueError, match="interrupted"):
+        golden.check_golden(out)
+    assert cli.main(["golden", "--out", str(out), "--weights", str(other)]) == 0
+    assert not (out / "stages_float64.npz").exists()
+    golden.check_golden(out)
+
+
+def read_bundled_inputs():
+    with np.load(TINY / "inputs.npz") as inputs:
+        return inputs["pixel_values"], inputs["grid_thws"]
 
 
 def test_golden_with_a_full_disk_keeps_the_earlier_folder(tmp_path, capsys):

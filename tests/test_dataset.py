@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -425,3 +426,62 @@ def test_a_pipeline_failure_is_told_in_one_line():
     long = "ray.exceptions.ActorDiedError: The actor died...\n" + "\n".join(f"  frame {i}" for i in range(250))
     long += "\nValueError: tensor 'vision_tower.x' holds NaN or Inf values\n"
     assert dataset.pipeline_failure(RuntimeError(long)) == "ValueError: tensor 'vision_tower.x' holds NaN or Inf values"
+
+
+# ============================================================================ Ray resources (issue 31)
+def test_cpus_and_actors_that_cannot_run_are_refused_before_ray_starts(images, tmp_path, capsys, no_ray):
+    """`--num-cpus 0` and more CPU actors than CPUs used to hang at 0% forever."""
+    from moonvit_kernels.cli import main
+
+    base = ["encode-dataset", str(images), "--out", str(tmp_path / "o"), "--backend", "numpy", "--quiet"]
+    for extra, said in [
+        (["--num-cpus", "0"], "--num-cpus 0: "),
+        (["--num-cpus", "-3"], "--num-cpus -3: "),
+        (["--actors", "0"], "--actors 0: "),
+        (
+            ["--actors", "4", "--num-cpus", "2"],
+            "--actors 4 needs at least 4 CPUs (one per encoder actor), the local Ray",
+        ),
+    ]:
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], (extra, err)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "cpus, actors, encoder, decode",
+    [
+        (2, 1, 1, 1),
+        (8, 1, 4, 1),
+        (8, 2, 2, 1),
+        (3, 2, 1, 1),
+        (1, 1, 0.5, 0.5),
+        (2, 2, 0.6666, 0.6666),
+        (4, 4, 0.8, 0.8),
+    ],
+)
+def test_cpu_plan_fits_every_actor_and_one_decode_task(cpus, actors, encoder, decode):
+    assert dataset.plan_cpus(cpus, actors, "the local Ray") == (encoder, decode)
+    assert actors * encoder + decode <= cpus
+
+
+def test_cpu_plan_refuses_more_actors_than_cpus():
+    with pytest.raises(ValueError, match=r"--actors 3 needs at least 3 CPUs .* the Ray cluster has 2"):
+        dataset.plan_cpus(2, 3, "the Ray cluster")
+
+
+@pytest.mark.slow
+def test_a_one_cpu_local_ray_makes_progress(images, tmp_path):
+    """`--num-cpus 1` (what a 1-CPU machine gets) hung: the encoder actor took the only CPU decoding needed.
+    In a subprocess of its own (its own 1-CPU Ray), with a timeout instead of a hang."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    args = [str(images / "0[0-3]*"), "--out", str(tmp_path / "o"), "--backend", "numpy", "--num-cpus", "1", "--quiet"]
+    cmd = [sys.executable, "-m", "moonvit_kernels", "encode-dataset", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "4 images: 4 encoded, 0 unreadable" in r.stdout

@@ -164,6 +164,42 @@ def test_rope_command_writes_the_pictures_and_one_self_contained_page(tmp_path, 
     assert cli.main(["rope", "--out", str(tmp_path / "rope.svg")]) == 2
 
 
+def test_rope_sizes_are_bounded_before_anything_is_drawn(tmp_path, capsys, monkeypatch):
+    """Issue 31: `--grid 1000000000x1` took ~7.9 GB then a traceback; `--head-dim 1000000` 42-80 s and 1.1 GB."""
+    from moonvit_kernels import cli, rope_command
+
+    monkeypatch.setattr(rope_command, "write_pictures", lambda *a: pytest.fail("drew before checking the sizes"))
+    out = str(tmp_path / "rope.png")
+    for argv, option in [
+        (["--grid", "1000000000x1"], "--grid 1000000000x1"),
+        (["--grid", "1x1000000000"], "--grid 1x1000000000"),
+        (["--head-dim", "1000000"], "--head-dim 1000000"),
+        (["--head-dim", "1000000", "--grid", "1000000000x1"], "--head-dim 1000000"),
+    ]:
+        assert cli.main(["rope", *argv, "--out", out]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {option}: drawing would take about "), err
+        assert "more than the limit of 1 GiB" in err[0] and "at most" in err[0], err
+    assert not (tmp_path / "rope.png").exists()
+
+
+@pytest.mark.parametrize("head_dim, grid", [(128, (64, 64)), (128, (512, 512)), (8, (100000, 1)), (4000, (64, 64))])
+def test_rope_sizes_within_the_limit_are_accepted(head_dim, grid):
+    from moonvit_kernels import rope_command
+
+    rope_command.check_sizes(head_dim, grid)
+    assert rope_command.drawing_bytes(head_dim, grid) <= rope_command.MEMORY_LIMIT
+
+
+def test_rope_page_escapes_the_file_name(tmp_path):
+    from moonvit_kernels import cli
+
+    out = tmp_path / "<img src=x onerror=alert(1)>&.png"
+    assert cli.main(["rope", "--head-dim", "8", "--grid", "4x4", "--out", str(out), "--html"]) == 0
+    page = out.with_suffix(".html").read_text(encoding="utf-8")
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;&amp;.png" in page
+
+
 def test_prediction_rows_put_measured_beside_predicted_only_when_a_report_exists(tmp_path):
     header, rows, note = plots.prediction_rows("01", results_dir=tmp_path)
     assert len(rows) == 5 and all(r[-1] == "—" for r in rows) and "nothing yet" in note
