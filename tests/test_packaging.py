@@ -51,6 +51,10 @@ TOOLS = {
     "jupyterlab": ("CONTRIBUTING.md", "in Jupyter"),
     "aiohttp": ("moonvit_kernels/hub.py", 'fsspec.filesystem("http")'),  # fsspec's HTTP file system runs on it
     "setuptools": ("tests/test_wheel.py", "--no-build-isolation"),  # builds the wheel (PEP 639 license: >= 77)
+    # the cuda13 extra's pins: the libraries numba-cuda loads (NVVM, nvJitLink) and their release
+    "nvidia-nvvm": ("moonvit_kernels/numba_backend/nvvm.py", 'load_nvidia_dynamic_lib("nvvm")'),
+    "nvidia-nvjitlink": ("moonvit_kernels/numba_backend/nvvm.py", "nvjitlink.version()"),
+    "cuda-toolkit": ("pyproject.toml", '"cuda-toolkit[nvvm,nvrtc,nvjitlink]==13.0.*"'),
 }
 # the package's own modules that tests, scripts and notebooks import as top-level names
 LOCAL = {SELF, "helpers", "cuda_kernel_checks", "formulations", "tiers", "compile_tier", "conftest"}
@@ -149,7 +153,16 @@ def test_base_install_has_no_cuda_wheels_and_extras_split_by_cuda_major():
     )
     assert {dist_name(r) for r in extras["cuda12"]} == {"cupy-cuda12x", "numba-cuda"}
     assert any("[cu12]" in r for r in extras["cuda12"]) and any("[cu13]" in r for r in extras["cuda13"])
-    assert {dist_name(r) for r in extras["cuda13"]} == {"cupy-cuda13x", "numba-cuda"}
+    assert {dist_name(r) for r in extras["cuda13"]} == {
+        "cupy-cuda13x", "numba-cuda", "cuda-toolkit", "nvidia-nvvm", "nvidia-nvjitlink"
+    }  # fmt: skip
+
+
+def test_the_cuda13_extra_pins_nvvm_to_the_release_of_its_nvjitlink():
+    """numba-cuda[cu13] alone resolves the newest NVVM, whose PTX an older nvJitLink cannot link (nvvm.py): the
+    extra pins NVVM, nvJitLink and the toolkit's NVRTC to one release."""
+    pins = {dist_name(r): r.split("==", 1)[1] for r in PROJECT["optional-dependencies"]["cuda13"] if "==" in r}
+    assert pins.get("nvidia-nvvm") == pins.get("nvidia-nvjitlink") == pins.get("cuda-toolkit") == "13.0.*", pins
 
 
 def _env_pip_lines() -> list[str]:
