@@ -84,10 +84,12 @@ def read_manifest(folder: Path) -> dict:
     return manifest
 
 
-def use_prepared_nvvm(folder: Path | None = None) -> Path | None:
-    """Unpack the prepared NVVM in `folder` (default `prepared_dir()`) into a private folder laid out as a CUDA
-    home (`nvvm/lib64/libnvvm.so*`, `nvvm/libdevice/libdevice.10.bc`), set `CUDA_HOME` to it, and return it;
-    None when there is no prepared folder. NvvmUnavailable when the archive or a file fails its digest."""
+def unpack_prepared(folder: Path | None = None) -> Path | None:
+    """Unpack the prepared NVVM in `folder` (default `prepared_dir()`) into a private folder of this user laid out
+    as a CUDA home (`nvvm/lib64/libnvvm.so.4`, `nvvm/libdevice/libdevice.10.bc`) and return that folder, None
+    when there is no prepared folder. The archive's digest is checked before it is opened and every unpacked
+    file's after; a folder already unpacked is reused only while its files keep their digests (else unpacked
+    again). NvvmUnavailable when the archive or a file fails its digest."""
     from .. import compile_cache
 
     folder = prepared_dir() if folder is None else folder
@@ -98,20 +100,30 @@ def use_prepared_nvvm(folder: Path | None = None) -> Path | None:
     home = Path(tempfile.gettempdir()) / f"moonvit_nvvm-{compile_cache._uid()}" / manifest["archive_sha256"][:16]
     if not compile_cache.private_folder(home.parent):
         raise NvvmUnavailable(f"{home.parent} is not a private folder of this user: remove it, then run again")
+    if _unpacked(home, manifest):
+        return home
+    if not archive.is_file() or _sha256(archive) != manifest["archive_sha256"]:
+        raise NvvmUnavailable(f"{archive} is missing or altered (sha256): make it again (scripts/prepare_nvvm.py)")
+    staging = Path(tempfile.mkdtemp(dir=home.parent))
+    with tarfile.open(archive, "r:xz") as tar:
+        tar.extractall(staging, members=_members(tar, manifest), filter="data")
+    if home.exists():
+        shutil.rmtree(home)
+    staging.rename(home)
     if not _unpacked(home, manifest):
-        if not archive.is_file() or _sha256(archive) != manifest["archive_sha256"]:
-            raise NvvmUnavailable(f"{archive} is missing or altered (sha256): make it again (scripts/prepare_nvvm.py)")
-        staging = Path(tempfile.mkdtemp(dir=home.parent))
-        with tarfile.open(archive, "r:xz") as tar:
-            tar.extractall(staging, members=_members(tar, manifest), filter="data")
-        if home.exists():
-            shutil.rmtree(home)
-        staging.rename(home)
-        if not _unpacked(home, manifest):
-            raise NvvmUnavailable(f"{archive} does not hold the files its manifest names: make it again")
-    os.environ["CUDA_HOME"] = str(home)  # numba-cuda's libdevice look-up reads it at the first compile
+        raise NvvmUnavailable(f"{archive} does not hold the files its manifest names: make it again")
+    return home
+
+
+def use_prepared_nvvm(folder: Path | None = None) -> Path | None:
+    """`unpack_prepared`, then point numba-cuda at it: `CUDA_HOME` (its libdevice look-up) and libnvvm loaded (which
+    cuda.pathfinder then finds as already loaded). None when there is no prepared folder."""
+    home = unpack_prepared(folder)
+    if home is None:
+        return None
+    os.environ["CUDA_HOME"] = str(home)
     _forget_cuda_home()
-    ctypes.CDLL(str(home / "nvvm" / "lib64" / "libnvvm.so.4"), mode=ctypes.RTLD_GLOBAL)  # found as already loaded
+    ctypes.CDLL(str(home / "nvvm" / "lib64" / "libnvvm.so.4"), mode=ctypes.RTLD_GLOBAL)
     return home
 
 
@@ -126,14 +138,14 @@ def _forget_cuda_home() -> None:
 
 def _members(tar: tarfile.TarFile, manifest: dict) -> list[tarfile.TarInfo]:
     wanted = set(manifest["files"])
-    members = [m for m in tar.getmembers() if m.name in wanted and (m.isfile() or m.issym())]
+    members = [m for m in tar.getmembers() if m.name in wanted and m.isfile()]
     if {m.name for m in members} != wanted:
         raise NvvmUnavailable(f"the NVVM archive lacks {sorted(wanted - {m.name for m in members})}: make it again")
     return members
 
 
 def _unpacked(home: Path, manifest: dict) -> bool:
-    """True when every file of the manifest is in `home` with its digest (a symlink: its target's)."""
+    """True when every file of the manifest is in `home` with its digest."""
     return all((home / name).is_file() and _sha256(home / name) == digest for name, digest in manifest["files"].items())
 
 

@@ -40,7 +40,8 @@ def _name(dist: importlib.metadata.Distribution) -> str:
 
 
 def test_the_venv_holds_the_images_packages_and_nothing_else():
-    installed = {_name(d) for d in importlib.metadata.distributions()} - {"moonvit-kernels"}
+    installed = {_name(d) for d in importlib.metadata.distributions()}
+    assert "moonvit-kernels" not in installed, "the GPU session runs the source tree (PYTHONPATH), nothing installed"
     extra = sorted(installed - image_packages() - TRANSITIVE)
     assert not extra, f"installed here but not on the GPU image: {extra}"
     for name in ("nvidia-nvvm", "nvidia-cuda-cccl", "numba-cuda-mlir", "jupytext", "nbclient", "ray"):
