@@ -40,7 +40,8 @@ def _name(dist: importlib.metadata.Distribution) -> str:
 
 
 def test_the_venv_holds_the_images_packages_and_nothing_else():
-    installed = {_name(d) for d in importlib.metadata.distributions()}
+    # (a clone's own metadata, egg-info of the main venv's editable install, lies in the source tree: not installed)
+    installed = {_name(d) for d in importlib.metadata.distributions() if Path(d.locate_file("")).resolve() != ROOT}
     assert "moonvit-kernels" not in installed, "the GPU session runs the source tree (PYTHONPATH), nothing installed"
     extra = sorted(installed - image_packages() - TRANSITIVE)
     assert not extra, f"installed here but not on the GPU image: {extra}"
