@@ -7,7 +7,7 @@ and which trace stands for it (`xray.jobs_numba`, `xray.emulator_trace`). Adding
 writing the kernel and appending its entry here.
 
 An entry (`KernelEntry`) says
-  - what it is: `stage` (gemm, rmsnorm, rope, attention, merge, pos_emb, input_check), `version` (v1..v3
+  - what it is: `stage` (gemm, rmsnorm, rope, attention, merge, pos_emb, input_check), `version` (v1, v2, ...
     for numba, "CUDA bf16 tc", "CUDA sm90 wgmma", ...), `backend` ("numba" | "cuda"), `label` (the
     file-name-safe name of the cubins, the X-ray rows and the register tables; for numba the kernel's
     Python function name) and `specialisation` (what the label adds: epilogue, head dim, dtypes);
@@ -21,8 +21,13 @@ An entry (`KernelEntry`) says
     stack frame allowed) and, for numba, `registers` per compiler (what ptxas reports: the launch checks'
     table, `registers_for`);
   - `model`: its FLOP / byte model at K3 sizes (`launch_model`);
-  - `trace_job`: the X-ray trace that stands for it (None: untraced) and `check`: the stage whose
-    correctness check applies to it.
+  - `trace_job`: the X-ray trace that stands for it (None: untraced) and `trace_size` what that trace launches;
+    `hot_loop`: its inner loops are held to the SASS budget per FFMA; `notebook`: the notebook whose
+    prediction table lists it; `check`: the stage whose correctness check applies to it.
+
+What a new kernel version needs besides its kernel file is its entry here (and its stage test): the compile
+tiers, the register tables, the SASS budgets, the X-ray (model, trace), the notebooks' prediction tables and
+gpu_check's timed versions (`versions`) all read this list.
 
 Attention entries of the CUDA C backend exist per head dim: `PerHeadDim` makes one for each head dim asked
 (`entries(head_dims)`); every other entry is fixed. Nothing here imports numba or a CUDA compiler.
@@ -63,6 +68,9 @@ class KernelEntry:
     dynamic_smem: int = 0
     max_stack: int = 0
     trace_job: str | None = None
+    trace_size: tuple = ()  # what its trace job launches (per stage, see xray.jobs_numba); for the job's first entry
+    hot_loop: bool = False  # its innermost FFMA loops are held to the SASS budget per FFMA (compile_check)
+    notebook: str = ""  # the notebook whose X-ray prediction table lists it ("01".."06"; "" none)
     check: str = ""  # the check case: `checks.<check>_want` is the expected result (defaults to `stage`)
     # CUDA C
     source: str = ""
@@ -165,11 +173,15 @@ class PerHeadDim:
 # bicubic pos_emb and attention v2.
 NC, MLIR = COMPILERS
 _NUMBA_GEMM_EPILOGUES = ("none", "gelu_tanh", "gelu_erf", "residual")  # numba_backend.gemm.EPILOGUES
-_NUMBA_GEMM = {  # version: (tile_m, tile_n of the shared loads, {compiler: registers})
-    1: (None, None, {NC: 30, MLIR: 40}),
-    2: (16, 16, {NC: 40, MLIR: 40}),
-    3: (64, 64, {NC: 96, MLIR: 96}),
+# version: (tile_m, tile_n of the shared loads (gemm.TILES), threads per block, {compiler: registers}, trace M, N, K)
+_NUMBA_GEMM = {
+    1: (None, None, 256, {NC: 30, MLIR: 40}, (16, 16, 48)),
+    2: (16, 16, 256, {NC: 40, MLIR: 40}, (16, 16, 48)),
+    3: (64, 64, 256, {NC: 96, MLIR: 96}, (64, 64, 32)),
 }
+_NUMBA_TOWER_GEMM = 3  # the version the numba tower runs (numba_backend.backend): the one notebooks 05, 06 predict
+_TOWER_NOTEBOOK = {"gelu_erf": "05", "gelu_tanh": "06", "residual": "06"}  # the projector's GELU, the encoder's
+_NUMBA_FIRST_BLOCKED_GEMM = 3  # from v3 on the GEMMs are register-blocked: their inner loops keep the SASS budget
 _NUMBA_V1_THREADS = 128  # numba_backend.attention.V1_THREADS
 _NUMBA_V2_BLOCK = (32, 16)  # numba_backend.attention.V2_BLOCK_Q, V2_BLOCK_K
 _NUMBA_ATTENTION_REGISTERS = {  # (version, head_dim): {compiler: registers}
@@ -194,12 +206,14 @@ def _numba(stage: str, label: str, threads: int, model: lm.Model, registers: dic
 
 def _numba_entries() -> list[KernelEntry]:
     out = []
-    for v, (tile_m, tile_n, regs) in _NUMBA_GEMM.items():
+    for v, (tile_m, tile_n, threads, regs, trace_mnk) in _NUMBA_GEMM.items():
         for ep in _NUMBA_GEMM_EPILOGUES:
             out.append(
                 _numba(
-                    "gemm", f"gemm_v{v}_{ep}", 256, lm.gemm(ep, 4, 4, tile_m, tile_n), regs, version=f"v{v}",
+                    "gemm", f"gemm_v{v}_{ep}", threads, lm.gemm(ep, 4, 4, tile_m, tile_n), regs, version=f"v{v}",
                     specialisation=ep, module="gemm", kernel="KERNELS", args=(v, ep), trace_job=f"gemm_v{v}",
+                    trace_size=trace_mnk, hot_loop=v >= _NUMBA_FIRST_BLOCKED_GEMM,
+                    notebook="01" if ep == "none" else _TOWER_NOTEBOOK[ep] if v == _NUMBA_TOWER_GEMM else "",
                 )
             )  # fmt: skip
     t1 = _NUMBA_V1_THREADS
@@ -211,6 +225,7 @@ def _numba_entries() -> list[KernelEntry]:
                 _NUMBA_ATTENTION_REGISTERS[(1, hd)], version="v1", specialisation=f"hd{hd} t{t1}",
                 module="attention", kernel="attention_v1_kernel", args=(hd, t1), signature="SIGNATURE_V1",
                 max_registers=launch_rules.max_registers_for(t1), trace_job="attention_v1" if hd == lm.HD else None,
+                trace_size=(40,), notebook="04" if hd == lm.HD else "",
             )
         )  # fmt: skip
     for hd in (lm.HD, 24):
@@ -222,7 +237,8 @@ def _numba_entries() -> list[KernelEntry]:
                 _NUMBA_ATTENTION_REGISTERS[(2, hd)], version="v2", specialisation=f"hd{hd} q{bq} k{bk}",
                 module="attention", kernel="attention_v2_kernel", args=(hd, bq, bk), signature="SIGNATURE_V2",
                 max_registers=launch_rules.max_registers_for(bq * bk),
-                trace_job="attention_v2" if hd == lm.HD else None,
+                trace_job="attention_v2" if hd == lm.HD else None, trace_size=(32,), hot_loop=True,
+                notebook="04" if hd == lm.HD else "",
             )
         )  # fmt: skip
     for t in _NUMBA_RMSNORM_THREADS:
@@ -230,20 +246,22 @@ def _numba_entries() -> list[KernelEntry]:
             _numba(
                 "rmsnorm", f"rmsnorm_kernel_t{t}", t, lm.rmsnorm(4, 4).but(k3=t == 256), {NC: 40, MLIR: 40},
                 specialisation=f"t{t}", module="rmsnorm", kernel="kernel_for", args=(t,), trace_job="rmsnorm",
+                trace_size=(1024,), notebook="02" if t == 256 else "",
             )
         )  # fmt: skip
     out.append(
         _numba("rope", "rope2d_kernel", 128, lm.rope(4), {NC: 36, MLIR: 34}, module="rope", kernel="rope2d_kernel",
-               trace_job="rope")
+               trace_job="rope", trace_size=(12, 128), notebook="03")
     )  # fmt: skip
     out.append(
         _numba("merge", "merge_gather_kernel", 128, lm.merge(4, 4), {NC: 60, MLIR: 64},  # MLIR: 13.0, sm_80 (13.5: 63)
-               module="merge", kernel="merge_gather_kernel", trace_job="merge")
+               module="merge", kernel="merge_gather_kernel", trace_job="merge", trace_size=(1024,), notebook="05")
     )  # fmt: skip
     for mode, regs in (("bilinear", {NC: 48, MLIR: 54}), ("bicubic", {NC: 80, MLIR: 62})):
         out.append(
             _numba("pos_emb", f"add_pos_emb_{mode}", 128, lm.pos_emb(mode), regs, specialisation=mode,
-                   module="pos_emb", kernel="KERNELS", args=(mode,), trace_job=f"pos_emb_{mode}")
+                   module="pos_emb", kernel="KERNELS", args=(mode,), trace_job=f"pos_emb_{mode}", trace_size=(1024,),
+                   notebook="06" if mode == "bilinear" else "")
         )  # fmt: skip
     out.append(
         _numba("input_check", "first_nonfinite_row_kernel", 256, lm.input_check(), {NC: 30, MLIR: 30},
@@ -301,7 +319,7 @@ def _flash_attention(dtype: str, hd: int) -> KernelEntry:
         "attention", f"CUDA flash {tag}", f"flash_attn_{tag}_hd{hd}", "attention.cu", cu.attention_name(hd, dtype),
         128, REG_ATTN_BF16 if bf16 else REG_ATTN_FP32, lm.attention_at(hd, _BYTES[dtype], 64 if bf16 else 16, peak),
         specialisation=f"hd{hd}", dynamic_smem=cu.attention_smem_bytes(hd, dtype),
-        trace_job=f"flash_attn_{tag}" if hd == lm.HD else None,
+        trace_job=f"flash_attn_{tag}" if hd == lm.HD else None, notebook="04" if hd == lm.HD else "",
     )  # fmt: skip
 
 
@@ -309,7 +327,7 @@ def _sm90_attention(hd: int) -> tuple[KernelEntry]:
     entry = _cuda(
         "attention", "CUDA sm90 wgmma", f"flash_attn_sm90_hd{hd}", "flash_attn_sm90.cu", cu.attention_sm90_name(hd),
         256, REG_ATTN_SM90, lm.attention_at(hd, 2, 64, "wgmma"), specialisation=f"hd{hd}",
-        dynamic_smem=cu.attention_sm90_smem_bytes(hd), archs=(cu.HOPPER_ARCH,),
+        dynamic_smem=cu.attention_sm90_smem_bytes(hd), archs=(cu.HOPPER_ARCH,), notebook="08" if hd == lm.HD else "",
     )  # fmt: skip
     return (entry,)
 
@@ -323,6 +341,8 @@ def _portable_entries() -> list[KernelEntry | PerHeadDim]:
                     "gemm", "CUDA bf16 tc", f"gemm_bf16_tc_{_tag(o)}_{epi}", "gemm_bf16.cu", cu.gemm_bf16_name(o, epi),
                     256, REG_GEMM_BF16, lm.gemm(epi, 2, _BYTES[o], 128, 128, "mma_sync"),
                     specialisation=f"out {_tag(o)}, {epi}", trace_job="gemm_bf16_tc",
+                    notebook={("float32", "none"): "01", ("bfloat16", "gelu_erf"): "05",
+                              ("bfloat16", "gelu_tanh"): "06"}.get((o, epi), ""),
                 )
             )  # fmt: skip
     for epi in cu.EPILOGUES:
@@ -330,6 +350,7 @@ def _portable_entries() -> list[KernelEntry | PerHeadDim]:
             _cuda(
                 "gemm", "CUDA fp32 simt", f"gemm_fp32_simt_{epi}", "gemm_fp32.cu", cu.gemm_fp32_name(epi), 256,
                 REG_GEMM_FP32, lm.gemm(epi, 4, 4, 64, 64), specialisation=epi, trace_job="gemm_fp32_simt",
+                notebook="01" if epi == "none" else "",
             )
         )  # fmt: skip
     out.append(
@@ -344,7 +365,7 @@ def _portable_entries() -> list[KernelEntry | PerHeadDim]:
                 _cuda(
                     "rmsnorm", "CUDA", f"rmsnorm_rows_{pair}", "rmsnorm.cu", cu.rmsnorm_name(i, o), 256, REG_SMALL,
                     lm.rmsnorm(_BYTES[i], _BYTES[o]), specialisation=f"{_tag(i)}->{_tag(o)}",
-                    trace_job=f"rmsnorm_rows_{_tag(i)}" if same else None,
+                    trace_job=f"rmsnorm_rows_{_tag(i)}" if same else None, notebook="02" if same else "",
                 )
             )  # fmt: skip
             out.append(
@@ -352,13 +373,14 @@ def _portable_entries() -> list[KernelEntry | PerHeadDim]:
                     "merge", "CUDA", f"tpool_merge_{pair}", "merge.cu", cu.merge_name(i, o), 256, REG_SMALL,
                     lm.merge(_BYTES[i], _BYTES[o]), specialisation=f"{_tag(i)}->{_tag(o)}",
                     trace_job="tpool_merge_f32" if pair == "f32_f32" else None,
+                    notebook="05" if pair == "f32_f32" else "",
                 )
             )  # fmt: skip
     for dt in cu.DTYPES:
         out.append(
             _cuda(
                 "rope", "CUDA", f"rope_2d_inplace_{_tag(dt)}", "rope.cu", cu.rope_name(dt), 256, REG_SMALL,
-                lm.rope(_BYTES[dt]), specialisation=_tag(dt), max_stack=STACK_SINCOSF,
+                lm.rope(_BYTES[dt]), specialisation=_tag(dt), max_stack=STACK_SINCOSF, notebook="03",
             )
         )  # fmt: skip
     for mode in ("bilinear", "bicubic"):
@@ -380,7 +402,7 @@ def _hopper_entries() -> list[KernelEntry | PerHeadDim]:
                     "gemm", "CUDA sm90 wgmma", f"gemm_bf16_sm90_bn{bn}_{_tag(o)}_{epi}", "gemm_bf16_sm90.cu",
                     cu.gemm_sm90_name(o, epi, bn), 384, REG_GEMM_SM90, lm.gemm(epi, 2, _BYTES[o], 128, bn, "wgmma"),
                     specialisation=f"BN {bn}, out {_tag(o)}, {epi}", dynamic_smem=cu.gemm_sm90_smem_bytes(bn),
-                    archs=(cu.HOPPER_ARCH,),
+                    archs=(cu.HOPPER_ARCH,), notebook="08" if (bn, o, epi) == (128, "bfloat16", "none") else "",
                 )
             )  # fmt: skip
     out.append(PerHeadDim(_sm90_attention, lambda hd: hd <= cu.HOPPER_MAX_HEAD_DIM))
@@ -455,6 +477,33 @@ def traced_by(backend: str, job: str, labels: Iterable[str] | None = None) -> li
     if labels is None:
         return [e.label for e in entries(backend=backend) if e.trace_job == job]
     return [lb for lb in labels if (e := find(backend, lb)) is not None and e.trace_job == job]
+
+
+def versions(backend: str, stage: str) -> tuple[int, ...]:
+    """The numbered versions (`v1`, `v2`, ...) of `stage` in `backend`, in order: gpu_check times each."""
+    found = {int(e.version[1:]) for e in entries(backend=backend, where=lambda e: e.stage == stage)
+             if e.version[:1] == "v" and e.version[1:].isdigit()}  # fmt: skip
+    return tuple(sorted(found))
+
+
+def hot_loop_labels() -> frozenset[str]:
+    """The numba kernels whose innermost FFMA loops are held to the SASS budget per FFMA (`compile_check`)."""
+    return _memo(("hot",), lambda: frozenset(e.label for e in numba_entries() if e.hot_loop))
+
+
+def notebook_kernels(notebook: str) -> tuple[tuple[str, str], ...]:
+    """(backend, label) of every kernel notebook `notebook`'s prediction table lists, numba first."""
+    chosen = entries(where=lambda e: e.notebook == notebook)
+    return tuple((e.backend, e.label) for e in sorted(chosen, key=lambda e: BACKENDS.index(e.backend)))
+
+
+def trace_jobs(backend: str) -> dict[str, KernelEntry]:
+    """{trace job: the first entry it stands for} of `backend`, in registry order: what the X-ray traces."""
+    jobs: dict[str, KernelEntry] = {}
+    for e in entries(backend=backend):
+        if e.trace_job:
+            jobs.setdefault(e.trace_job, e)
+    return jobs
 
 
 # ============================================================================ the CUDA C catalogue, derived

@@ -25,7 +25,7 @@
 # |---|---|
 # | 00_tour | the whole model: config, parameters, shapes, a real run |
 # | 00a_warmups | your first kernels: map, guard, 2-D blocks, shared memory, reduction, scan, a fast transpose |
-# | 01_patch_embed_gemm | patch embedding = one GEMM; the GEMM ladder v1 → v3, the CUDA C GEMMs |
+# | 01_patch_embed_gemm | patch embedding = one GEMM; the GEMM ladder (naive → shared tiles → register blocking), the CUDA C GEMMs |
 # | 02_rmsnorm | the row reduction, and why `eps` matters |
 # | 03_rope_2d | 2D rotary position embedding (interleaved pairs) |
 # | 04_attention | packed attention, naive and tiled (online softmax, the flash loop) |

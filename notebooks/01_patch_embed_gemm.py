@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 01 — Patch embedding is one GEMM; the GEMM ladder v1 → v3
+# # 01 — Patch embedding is one GEMM; the GEMM ladder
 #
 # **What the source does.** MoonViT's patch embedding is a `Conv2d(3, D, kernel_size=p, stride=p,
 # bias=False)`. But its input is not an image: the processor has already cut the image into

@@ -39,8 +39,8 @@
 # python -m moonvit_kernels.xray --arch sm_80,sm_89,sm_90 --out xray_report
 # ```
 #
-# This notebook reads each view on the two ladders of the workbook: GEMM v1 → v3 (notebook 01)
-# and attention v1 → v2 (notebook 04), plus the CUDA C kernels for comparison.
+# This notebook reads each view on the two ladders of the workbook: the GEMM versions (notebook 01)
+# and the attention versions (notebook 04), plus the CUDA C kernels for comparison.
 
 # %%
 # Without a GPU, numba.cuda runs on its CPU simulator (used here to record addresses); the switch

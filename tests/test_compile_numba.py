@@ -15,6 +15,8 @@ import textwrap
 import pytest
 from compile_tier import run_without_simulator
 
+from moonvit_kernels import registry
+from moonvit_kernels.numba_backend import gemm
 from moonvit_kernels.numba_backend.compile_check import (
     KernelReport,
     format_table,
@@ -107,7 +109,7 @@ def test_cubin_dir_writes_one_sm90_binary_per_specialisation(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     names = sorted(p.name for p in tmp_path.iterdir())
     expected = sorted(
-        f"gemm_v{v}_{ep}.sm_90.cubin" for v in (1, 2, 3) for ep in ("none", "gelu_tanh", "gelu_erf", "residual")
+        f"gemm_v{v}_{ep}.sm_90.cubin" for v in registry.versions("numba", "gemm") for ep in gemm.EPILOGUES
     )
     assert names == expected
     for p in tmp_path.iterdir():

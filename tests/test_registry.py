@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 
@@ -14,12 +15,14 @@ from moonvit_kernels import launch_rules, registry
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.cuda_backend import sources
 from moonvit_kernels.numba_backend import compile_check
+from moonvit_kernels.numba_backend._cuda import cuda, float32  # module-level: the simulator swaps these globals
 from moonvit_kernels.numba_backend.registers import registers_for
 from moonvit_kernels.xray import catalogue, emulator_trace, jobs_numba
 
 EVERY = registry.entries(registry.ALL_HEAD_DIMS)
 CUDA = [e for e in EVERY if e.backend == "cuda"]
 NUMBA = [e for e in EVERY if e.backend == "numba"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # ============================================================================ entries point at real code
@@ -166,6 +169,124 @@ def test_adding_an_entry_is_all_it_takes(monkeypatch):
     from moonvit_kernels.numba_backend import rope
 
     assert built == [("rope", "rope2d_kernel", rope.SIGNATURE, 128), ("rope", "rope2d_kernel", rope.SIGNATURE, 120)]
+
+
+def test_each_entrys_tiles_and_launch_shape_are_its_modules_constants():
+    """The registry's numbers that a kernel module also holds (tiles of the traffic model, block shapes, epilogues,
+    versions) are the module's: a kernel edited without its entry fails here."""
+    from moonvit_kernels.numba_backend import attention, gemm, rmsnorm
+
+    assert set(registry._NUMBA_GEMM) == set(gemm.VERSIONS) == set(registry.versions("numba", "gemm"))
+    for v, (tile_m, tile_n, *_) in registry._NUMBA_GEMM.items():
+        assert (tile_m, tile_n) == gemm.TILES[v], v
+    assert registry._NUMBA_GEMM_EPILOGUES == gemm.EPILOGUES
+    assert registry._NUMBA_V1_THREADS == attention.V1_THREADS
+    assert registry._NUMBA_V2_BLOCK == (attention.V2_BLOCK_Q, attention.V2_BLOCK_K)
+    assert registry._NUMBA_RMSNORM_THREADS == rmsnorm.BLOCK_SIZES
+    for e in NUMBA:  # the launch shape each entry models is the one its launcher uses
+        if e.stage == "gemm":
+            blocks, threads = gemm.launch_config(int(e.version[1:]), 64, 64)
+            assert (threads[0] * threads[1] if isinstance(threads, tuple) else threads) == e.threads, e.label
+
+
+DOCS = ["README.md", "CONTRIBUTING.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.py"))]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_no_doc_hard_codes_the_range_of_kernel_versions(doc):
+    """Which versions exist is the registry's to say (`registry.versions`): prose that spells a range such as
+    "v1 → v3" goes stale when a version is added."""
+    ranges = re.findall(r"\bv1\s*(?:→|->|–|\.\.)\s*v\d+\b", (ROOT / doc).read_text(encoding="utf-8"))
+    assert not ranges, f"{doc} spells a version range: {ranges}"
+
+
+def _make_gemm_v4(epilogue: str):
+    """A real GEMM v4, as a contributor would write it in numba_backend/gemm.py: v2's shared-memory tiling with
+    8 x 8 tiles of 64 threads (a smaller block than every earlier version, so the launch shape is new too)."""
+    from moonvit_kernels.numba_backend import gemm
+    from moonvit_kernels.numba_backend.launch import jit_named
+
+    EPILOGUE = gemm.EPILOGUE_IDS[epilogue]
+    T = 8
+
+    def gemm_v4(A, B, R, C, M, N, K):
+        a_tile = cuda.shared.array((T, T), float32)
+        b_tile = cuda.shared.array((T, T + 1), float32)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        m = cuda.blockIdx.y * T + ty
+        n = cuda.blockIdx.x * T + tx
+        n_load = cuda.blockIdx.x * T + ty
+        acc = float32(0.0)
+        for k0 in range(0, K, T):
+            k = k0 + tx
+            a_tile[ty, tx] = A[m, k] if (m < M and k < K) else float32(0.0)
+            b_tile[ty, tx] = B[n_load, k] if (n_load < N and k < K) else float32(0.0)
+            cuda.syncthreads()
+            for kk in range(T):
+                acc += a_tile[ty, kk] * b_tile[tx, kk]
+            cuda.syncthreads()
+        if m < M and n < N:
+            C[m, n] = gemm.apply_epilogue(acc, EPILOGUE, R, m, n)
+
+    return jit_named(gemm_v4, f"gemm_v4_{epilogue}")
+
+
+def test_adding_a_real_gemm_version_is_all_it_takes(monkeypatch, tmp_path):
+    """What a contributor changes for GEMM v4: its kernel file (the kernel, VERSIONS, TILES, its launch shape) and
+    one registry line. Every derived place picks it up with nothing else edited: the compile tier's list and
+    register tables, the SASS budget, the X-ray's model and trace (run for real on the simulator), notebook 01's
+    prediction table, and gpu_check's plan and kernel cases (a case run and checked against float64)."""
+    from moonvit_kernels.gpu_check import kernels as gpu_kernels
+    from moonvit_kernels.gpu_check import plan as gpu_plan
+    from moonvit_kernels.numba_backend import gemm
+    from moonvit_kernels.plots import prediction_rows
+
+    if not __import__("moonvit_kernels.device", fromlist=["x"]).simulator_enabled():
+        pytest.skip("runs the new kernel on numba's simulator")
+    # the kernel file's part
+    v4 = {ep: _make_gemm_v4(ep) for ep in gemm.EPILOGUES}
+    launch_config = gemm.launch_config
+    monkeypatch.setattr(gemm, "VERSIONS", (*gemm.VERSIONS, 4))
+    monkeypatch.setattr(gemm, "TILES", {**gemm.TILES, 4: (8, 8)})
+    monkeypatch.setattr(gemm, "KERNELS", {**gemm.KERNELS, **{(4, ep): k for ep, k in v4.items()}})
+    monkeypatch.setattr(
+        gemm, "launch_config", lambda v, M, N: ((-(-N // 8), -(-M // 8)), (8, 8)) if v == 4 else launch_config(v, M, N)
+    )
+    # the registry's line
+    monkeypatch.setitem(registry._NUMBA_GEMM, 4, (8, 8, 64, {"numba-cuda": 40, "numba-cuda-mlir": 40}, (16, 16, 48)))
+    monkeypatch.setattr(registry, "REGISTRY", [*registry._numba_entries(), *registry._portable_entries(),
+                                               *registry._hopper_entries()])  # fmt: skip
+    labels = {f"gemm_v4_{ep}" for ep in gemm.EPILOGUES}
+
+    # compiled (the compile tier's list), with its register table and the SASS budget of a blocked GEMM
+    assert labels <= {e.label for e in registry.numba_entries()}
+    assert registers_for("numba-cuda")["gemm_v4_none"] == 40 and labels <= registry.hot_loop_labels()
+    built = []
+    monkeypatch.setattr(compile_check, "build_kernel", lambda fn, sig, regs, module, cc: built.append(fn.__name__)
+                        or (compile_check.KernelReport(module, fn.__name__, sig, regs), None))  # fmt: skip
+    monkeypatch.setenv("MOONVIT_COMPILE_CACHE", "off")
+    compile_check._build_all(["moonvit_kernels.numba_backend.gemm"], (9, 0))
+    assert labels <= set(built)
+    # its module's constants agree with its entry
+    test_each_entrys_tiles_and_launch_shape_are_its_modules_constants()
+    assert registry.find("numba", "gemm_v4_none").threads == 64 == 8 * 8
+    # modelled, traced (the real kernel, on the simulator) and predicted in notebook 01
+    assert catalogue.describe("numba", "gemm_v4_none").threads == 64
+    (job,) = [j for j in jobs_numba.jobs() if j.name == "gemm_v4"]
+    traced = jobs_numba.run(job)
+    assert traced.error is None and traced.sites, traced.error
+    assert ("numba", "gemm_v4_none") in registry.notebook_kernels("01")
+    assert any("gemm_v4_none" in " ".join(map(str, row)) for row in prediction_rows("01")[1])
+    # timed by gpu_check: in the plan (quick: the newest version) and among its cases, checked against float64
+    assert gpu_plan.make_plan(True, False).numba_gemm_versions == (1, 2, 3, 4)
+    assert gpu_plan.make_plan(True, True).numba_gemm_versions == (4,)
+    grid = __import__("numpy").array([[1, 2, 4]])
+    cases = dict(gpu_kernels.numba_cases(VisionConfig.tiny(), grid, ("qkv",), None, (4,), ()))
+    name = next(n for n in cases if "v4" in n)
+    case = cases[name]()
+    err, tol = case.check(case.run)
+    assert err <= tol, (name, err, tol)
 
 
 def test_a_module_that_does_not_import_is_one_report(monkeypatch):

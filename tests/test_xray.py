@@ -436,7 +436,7 @@ def test_shared_and_issue_roofs_per_gpu():
 
 
 def test_request_bytes_fall_with_each_gemm_version():
-    req = [catalogue.describe("numba", f"gemm_v{v}_none").request_bytes for v in (1, 2, 3)]
+    req = [catalogue.describe("numba", f"gemm_v{v}_none").request_bytes for v in (1, 2, 3)]  # the first three
     assert req[0] > req[1] > req[2] > catalogue.describe("numba", "gemm_v3_none").dram_bytes
 
 

@@ -97,8 +97,8 @@ def numba_cases(
     grid: np.ndarray,
     gemm_names: tuple[str, ...],
     v1_threads: int | None,
-    versions: tuple[int, ...] = (1, 2, 3),
-    attention_versions: tuple[int, ...] = (1, 2),
+    versions: tuple[int, ...],
+    attention_versions: tuple[int, ...],
 ) -> Iterator[tuple[str, Builder]]:
     """The numba kernels (fp32): GEMM `versions` per shape, attention `attention_versions`, rmsnorm, rope,
     pos_emb, merge."""

@@ -65,8 +65,9 @@ class Plan:
     backends: tuple[str, ...] = BACKENDS  # which kernel families sections (b) and (c) run
     hopper_gemm_shapes: tuple[str, ...] = ()
     hopper_block_ns: tuple[int, ...] = (128, 256)
-    numba_gemm_versions: tuple[int, ...] = (1, 2, 3)
-    numba_attention_versions: tuple[int, ...] = (1, 2)
+    # the numba versions timed: every one the registry has (a quick run: the newest)
+    numba_gemm_versions: tuple[int, ...] = dataclasses.field(default_factory=lambda: every_version("gemm"))
+    numba_attention_versions: tuple[int, ...] = dataclasses.field(default_factory=lambda: every_version("attention"))
     torch_tower_baseline: bool = True
     only: tuple[str, ...] = ()  # item-name substrings to keep (empty: all)
 
@@ -85,6 +86,13 @@ K3_TOWER_CASES = (
     ("image 896² (64x64 patches)", ((1, 64, 64),)),
     ("packed 8 images of 448²", ((1, 32, 32),) * 8),
 )
+
+
+def every_version(stage: str) -> tuple[int, ...]:
+    """The numba versions of `stage` in the kernel registry (v1, v2, ...), oldest first."""
+    from .. import registry
+
+    return registry.versions("numba", stage)
 
 
 def make_plan(simulate: bool, quick: bool, budget_s: float | None = None) -> Plan:
@@ -121,8 +129,8 @@ def make_plan(simulate: bool, quick: bool, budget_s: float | None = None) -> Pla
             startup_timeout_s=120.0,  # a first emulator build takes ~15-60 s of a busy CPU
             preflight_timeout_s=150.0,
             hopper_gemm_shapes=("qkv",) if quick else ("qkv", "wo+residual"),
-            numba_gemm_versions=(3,) if quick else (1, 2, 3),
-            numba_attention_versions=(2,) if quick else (1, 2),
+            numba_gemm_versions=every_version("gemm")[-1:] if quick else every_version("gemm"),
+            numba_attention_versions=every_version("attention")[-1:] if quick else every_version("attention"),
             torch_tower_baseline=not quick,
         )
     elif quick:

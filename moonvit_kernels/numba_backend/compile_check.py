@@ -57,10 +57,9 @@ PACKAGE = "moonvit_kernels.numba_backend"
 
 # SASS budgets of innermost loops (`--sass`; measured on sm_90, compile-only, model, no GPU), per compiler
 # (today the same for both):
-# - every innermost loop with FFMAs in a kernel named HOT_LOOP_KERNELS*: at most this many instructions per
+# - every innermost loop with FFMAs in a kernel whose registry entry has `hot_loop`: at most this many instructions per
 #   FFMA (numba `for ... in range` loops cost ~24 at attention v2's hd 128; `while` loops 1.6-3.4);
 MAX_INSTRUCTIONS_PER_FFMA = {"numba-cuda": 4.0, "numba-cuda-mlir": 4.0}
-HOT_LOOP_KERNELS = ("gemm_v3_", "attention_v2_")
 # - the innermost loop holding a barrier in these kernels (rope's per-head pass: 29 instructions under
 #   numba-cuda, 32 under numba-cuda-mlir): at most this many;
 MAX_PASS_INSTRUCTIONS = {"numba-cuda": {"rope2d_kernel": 32}, "numba-cuda-mlir": {"rope2d_kernel": 32}}
@@ -120,8 +119,10 @@ class KernelReport:
                     f"a variable in local memory across loop iterations: {loop['ldl']} LDL and {loop['stl']} STL "
                     f"in a loop of {loop['size']} instructions"
                 )
+        from .. import registry
+
         per_fma = MAX_INSTRUCTIONS_PER_FFMA.get(self.compiler)
-        if per_fma is not None and self.kernel.startswith(HOT_LOOP_KERNELS):
+        if per_fma is not None and self.kernel.split("#")[0] in registry.hot_loop_labels():
             for loop in self.loops:
                 if loop["fma"] and loop["size"] / loop["fma"] > per_fma:
                     out.append(f"hot loop of {loop['size']} instructions for {loop['fma']} FFMA (limit {per_fma}/FFMA)")

@@ -51,6 +51,9 @@ TILE = 16
 BM, BN, BK = 64, 64, 16
 TM, TN = 4, 4
 V3_THREADS = (BM // TM) * (BN // TN)
+# (rows, columns) of the output tile each version stages in shared memory (None: v1 stages nothing); the
+# registry's traffic model reads the same numbers (tests/test_registry.py holds them equal)
+TILES = {1: (None, None), 2: (TILE, TILE), 3: (BM, BN)}
 
 SIGNATURE = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32[:, ::1], int32, int32, int32)"
 

@@ -8,42 +8,9 @@ results.csv`, matched to the kernels by `roofline.match_measured`; with none the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-
-# (backend, compiled label) of the kernels each stage notebook teaches, at K3's launch shapes.
-STAGE_KERNELS: dict[str, tuple[tuple[str, str], ...]] = {
-    "01": (
-        ("numba", "gemm_v1_none"),
-        ("numba", "gemm_v2_none"),
-        ("numba", "gemm_v3_none"),
-        ("cuda", "gemm_fp32_simt_none"),
-        ("cuda", "gemm_bf16_tc_f32_none"),
-    ),
-    "02": (("numba", "rmsnorm_kernel_t256"), ("cuda", "rmsnorm_rows_f32_f32"), ("cuda", "rmsnorm_rows_bf16_bf16")),
-    "03": (("numba", "rope2d_kernel"), ("cuda", "rope_2d_inplace_f32"), ("cuda", "rope_2d_inplace_bf16")),
-    "04": (
-        ("numba", "attention_v1_hd128_t128"),
-        ("numba", "attention_v2_hd128_q32_k16"),
-        ("cuda", "flash_attn_f32_hd128"),
-        ("cuda", "flash_attn_bf16_hd128"),
-    ),
-    "05": (
-        ("numba", "merge_gather_kernel"),
-        ("numba", "gemm_v3_gelu_erf"),
-        ("cuda", "tpool_merge_f32_f32"),
-        ("cuda", "gemm_bf16_tc_bf16_gelu_erf"),
-    ),
-    "06": (
-        ("numba", "add_pos_emb_bilinear"),
-        ("numba", "gemm_v3_gelu_tanh"),
-        ("numba", "gemm_v3_residual"),
-        ("cuda", "gemm_bf16_tc_bf16_gelu_tanh"),
-    ),
-    "08": (("cuda", "gemm_bf16_sm90_bn128_bf16_none"), ("cuda", "flash_attn_sm90_hd128")),
-}
 
 
 def measured_reports(results_dir: Path | None = None) -> list[Path]:
@@ -72,15 +39,18 @@ def prediction_rows(
     was measured yet."""
     from types import SimpleNamespace
 
+    from moonvit_kernels import registry
     from moonvit_kernels.xray import calibration, catalogue, roofline
     from moonvit_kernels.xray.arch import GPUS
 
-    if stage not in STAGE_KERNELS:
-        raise ValueError(f"no kernels listed for stage {stage!r}; known: {', '.join(STAGE_KERNELS)}")
+    listed = registry.notebook_kernels(stage)  # the registry entries whose `notebook` is this one
+    if not listed:
+        known = sorted({e.notebook for e in registry.entries() if e.notebook})
+        raise ValueError(f"no kernels listed for stage {stage!r}; known: {', '.join(known)}")
     if gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
     peaks = GPUS[gpu]
-    infos = [catalogue.describe(backend, label) for backend, label in STAGE_KERNELS[stage]]
+    infos = [catalogue.describe(backend, label) for backend, label in listed]
     reports = measured_reports(results_dir)
     measured: dict[str, list[str]] = {}
     candidates = [  # the rows calibration.match_row reads, one per catalogue kernel of the stage
@@ -135,8 +105,3 @@ def prediction_rows(
             f"Measured: gpu_check reports {', '.join(p.parent.name for p in reports)} (their own shapes, in the cell)."
         )
     return header, rows, note
-
-
-def stage_labels(stage: str) -> Sequence[tuple[str, str]]:
-    """The (backend, label) pairs of the kernels listed for `stage`."""
-    return STAGE_KERNELS[stage]

@@ -157,20 +157,33 @@ def _pos_emb_job(mode: str, D: int) -> TraceJob:
     return TraceJob(f"pos_emb_{mode}", f"token 0 of a 2x2 item, 8x8 grid, D={D}", launch)
 
 
+# (stage, version) -> the job of a registry entry (its version's number, `args`, `trace_size`); version None: any
+_MAKERS: dict[tuple[str, str | None], Callable[[Any], TraceJob]] = {
+    ("gemm", None): lambda e: _gemm_job(int(e.version[1:]), *e.trace_size),
+    ("attention", "v1"): lambda e: _attention_v1_job(e.args[0], *e.trace_size),
+    ("attention", "v2"): lambda e: _attention_v2_job(e.args[0], *e.trace_size),
+    ("rmsnorm", None): lambda e: _rmsnorm_job(*e.trace_size),
+    ("rope", None): lambda e: _rope_job(*e.trace_size),
+    ("merge", None): lambda e: _merge_job(*e.trace_size),
+    ("pos_emb", None): lambda e: _pos_emb_job(e.args[0], *e.trace_size),
+}
+
+
 def jobs() -> list[TraceJob]:
-    """Every numba trace job (sizes chosen to run in seconds under the simulator)."""
-    return [
-        _gemm_job(1, 16, 16, 48),
-        _gemm_job(2, 16, 16, 48),
-        _gemm_job(3, 64, 64, 32),
-        _attention_v1_job(128, 40),
-        _attention_v2_job(128, 32),
-        _rmsnorm_job(1024),
-        _rope_job(12, 128),
-        _merge_job(1024),
-        _pos_emb_job("bilinear", 1024),
-        _pos_emb_job("bicubic", 1024),
-    ]
+    """Every numba trace job the registry names (`registry.trace_jobs`: sizes from each job's first entry, chosen
+    to run in seconds under the simulator), in registry order."""
+    from moonvit_kernels import registry
+
+    out = []
+    for name, entry in registry.trace_jobs("numba").items():
+        make = _MAKERS.get((entry.stage, entry.version)) or _MAKERS.get((entry.stage, None))
+        if make is None:
+            raise ValueError(f"registry trace job {name!r}: no trace for stage {entry.stage} {entry.version}")
+        job = make(entry)
+        if job.name != name:
+            raise ValueError(f"registry trace job {name!r} launches {job.name!r}: name them alike")
+        out.append(job)
+    return out
 
 
 def run(job: TraceJob) -> trace.TraceResult:

@@ -210,7 +210,7 @@ class TestNumba:
             (dict(a=a.tolist(), b=b), "a: expected a numba device array or a NumPy array"),
             (dict(a=a[:0], b=b), "a: shape .* is empty"),
             (dict(a=a, b=b, epilogue="relu"), "epilogue 'relu'"),
-            (dict(a=a, b=b, version=4), "version 4"),
+            (dict(a=a, b=b, version=max(G.VERSIONS) + 1), f"version {max(G.VERSIONS) + 1}"),
             (dict(a=a, b=b, epilogue="residual"), "needs a residual"),
             (dict(a=a, b=b, residual=res), "residual given but epilogue is 'none'"),
             (dict(a=a, b=b, epilogue="residual", residual=res.T.copy()), r"residual: shape \(37, 7\)"),
