@@ -23,10 +23,9 @@ from typing import Any
 import numpy as np
 
 from . import reference as ref
-from .config import VisionConfig
+from .config import FP32_EPS, VisionConfig
 from .weights import bf16_bits_to_float32, float32_to_bf16_bits
 
-FP32_EPS = float(np.finfo(np.float32).eps)
 BF16_ULP = 2.0**-8  # round-to-nearest bf16 is within half of this, relative
 
 

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from compile_tier import run_without_simulator
@@ -207,34 +208,8 @@ def test_numpy_without_row_stack_compiles_through_the_shim():
     issue 907). Here numpy's attribute is deleted to stand for 2.5 (the target tier runs the real 2.5):
     importing numba-cuda's arrayobj then fails, and `_cuda`'s scoped shim lets a kernel compile and leaves
     numpy without `row_stack`."""
-    script = textwrap.dedent(
-        """
-        import importlib, json, sys
-        import numpy as np
-        import moonvit_kernels.reference  # (scipy's numpy clone reads numpy.__all__, which still names row_stack here)
-        if hasattr(np, "row_stack"):
-            delattr(np, "row_stack")
-        import numba.cuda
-        try:
-            importlib.import_module("numba.cuda.np.arrayobj")
-            unshimmed = "imported"
-        except AttributeError as e:
-            unshimmed = str(e)
-        for name in [m for m in sys.modules if m.startswith("numba.cuda.np.arrayobj")]:
-            del sys.modules[name]
-        from moonvit_kernels.numba_backend._cuda import COMPILER, cuda, float32
-        from moonvit_kernels.numba_backend.compile_check import check_kernel
-
-        def twice(out, x):
-            i = cuda.grid(1)
-            if i < out.shape[0]:
-                out[i] = x * float32(2.0)
-
-        report = check_kernel(twice, "void(float32[::1], float32)")
-        print(json.dumps([unshimmed, COMPILER, report.ok, report.error, hasattr(np, "row_stack")]))
-        """
-    )
-    r = run_without_simulator(["-c", script], timeout=120)
+    probe = str(Path(__file__).with_name("row_stack_probe.py"))
+    r = run_without_simulator([probe, "--simulate-numpy-2.5"], timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     unshimmed, compiler, ok, error, row_stack_left = json.loads(r.stdout.strip().splitlines()[-1])
     assert "has no attribute 'row_stack'" in unshimmed  # the break the shim exists for

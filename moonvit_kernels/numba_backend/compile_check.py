@@ -179,11 +179,6 @@ def parse_ptxas_log(log: str) -> dict[str, int]:
 
 
 # ============================================================================ compiling
-def assemble(ptx: str, arch: str = "sm_90") -> str:
-    """Assemble PTX to SASS for `arch` with nvJitLink and return its verbose info log."""
-    return link(ptx, arch)[1]
-
-
 def check_kernel(
     fn: Callable,
     signature: str,
@@ -406,7 +401,7 @@ def format_table(reports: Sequence[KernelReport], cc: tuple[int, int] = TARGET_C
     by = " and ".join(sorted({r.compiler for r in reports if r.compiler})) or "numba"
     lines.append(
         f"\n{len(reports)} kernels compiled for sm_{cc[0]}{cc[1]} by {by} (registers per thread, bytes per block; "
-        f"shared includes the 1 KiB reserve of sm_80 and later): {failed} failed"
+        f"shared as ptxas reports it: on sm_90 with the 1 KiB reserve of each block): {failed} failed"
     )
     return "\n".join(lines)
 

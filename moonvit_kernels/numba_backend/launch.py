@@ -27,8 +27,6 @@ from .. import launch_rules, packing
 from ._cuda import cuda, is_cuda_ndarray
 from .nvvm import require_nvvm
 
-# Largest index a kernel computes in int32 without overflow.
-
 
 # ============================================================================ array checks
 def is_device_array(arr: Any) -> bool:
@@ -197,11 +195,6 @@ def check_launch(kernel: Any, blocks: Any, threads: Any, registers_of: str | Non
 def ceil_div(n: int, d: int) -> int:
     """`ceil(n / d)` for positive integers: the number of blocks covering n items."""
     return -(-int(n) // int(d))
-
-
-def grid_1d(n: int, threads: int) -> tuple[int, int]:
-    """`(blocks, threads)` covering n items with one thread each."""
-    return ceil_div(n, threads), threads
 
 
 def grid_2d(rows: int, cols: int, block_rows: int, block_cols: int) -> tuple[int, int]:

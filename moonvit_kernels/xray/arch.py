@@ -129,12 +129,6 @@ def limits(arch: str) -> ArchLimits:
     return LIMITS[arch]
 
 
-def gpus_for(arch: str) -> list[GpuPeaks]:
-    """The GPUs of the peaks table built on `arch`."""
-    limits(arch)
-    return [g for g in GPUS.values() if g.arch == arch]
-
-
 def parse_archs(text: str) -> list[str]:
     """`"sm_80,sm_90"` (or `"80,90"`) -> ["sm_80", "sm_90"], each checked against the table."""
     out = []

@@ -44,7 +44,6 @@ _LDSM_COUNT = re.compile(r"\.(\d)$")
 _HGMMA_SHAPE = re.compile(r"^\.(\d+)x(\d+)x(\d+)")
 _HMMA_MACS = {".16816": 16 * 8 * 16, ".1688": 16 * 8 * 8, ".1684": 16 * 8 * 4}
 SHARED_LOADS = ("LDS", "LDSM")
-SHARED_STORES = ("STS", "LDGSTS", "STSM", "ATOMS")
 UNTRACED = "assumed conflict-free (untraced)"
 
 

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -94,32 +95,8 @@ def test_numba_cuda_compiles_on_numpy_25_through_the_row_stack_shim():
 
     if tuple(int(p) for p in np.__version__.split(".")[:2]) < (2, 5):
         pytest.skip(f"numpy {np.__version__} still has row_stack (the main suite simulates numpy 2.5)")
-    unshimmed, ok, error, row_stack_left = _last_json(
-        _python(
-            """
-            import json, sys
-            import numba.cuda
-            try:
-                import numba.cuda.np.arrayobj
-                unshimmed = "imported"
-            except AttributeError as e:
-                unshimmed = str(e)
-            for name in [m for m in sys.modules if m.startswith("numba.cuda.np.arrayobj")]:
-                del sys.modules[name]
-            import numpy as np
-            from moonvit_kernels.numba_backend._cuda import cuda, float32
-            from moonvit_kernels.numba_backend.compile_check import check_kernel
-
-            def twice(out, x):
-                i = cuda.grid(1)
-                if i < out.shape[0]:
-                    out[i] = x * float32(2.0)
-
-            report = check_kernel(twice, "void(float32[::1], float32)")
-            print(json.dumps([unshimmed, report.ok, report.error, hasattr(np, "row_stack")]))
-            """
-        )
-    )
+    probe = Path(__file__).resolve().parents[1] / "row_stack_probe.py"
+    unshimmed, _, ok, error, row_stack_left = _last_json(_python(probe.read_text()))
     assert "row_stack" in unshimmed, (
         f"numba-cuda {version(NUMBA_CUDA)} imports its arrayobj on numpy 2.5 without the shim ({unshimmed}): "
         "remove import_numba_cuda_arrayobj from numba_backend/_cuda.py"
