@@ -75,6 +75,24 @@ __device__ __forceinline__ float activate(float v) {
   return v;
 }
 
+// A GEMM's fused epilogue on outputs (row, col) and (row, col + 1) of C [M, N], then their store (col even): the
+// mma.sync and the wgmma GEMMs both hold accumulator pairs of adjacent columns.
+template <typename OutT, int EPI>
+__device__ __forceinline__ void gemm_store_pair(OutT* C, const OutT* R, int row, int col, int N, float v0, float v1) {
+  const size_t i = (size_t)row * N + col;
+  if ((N % 2 == 0) && col + 1 < N) {  // even N: the pair is 2-element aligned
+    if (EPI == EPI_RESIDUAL) {
+      const float2 r = load_float2(R + i);
+      v0 += r.x;
+      v1 += r.y;
+    }
+    store_float2(C + i, activate<EPI>(v0), activate<EPI>(v1));
+    return;
+  }
+  if (col < N) store_float(C + i, EPI == EPI_RESIDUAL ? v0 + to_float(R[i]) : activate<EPI>(v0));
+  if (col + 1 < N) store_float(C + i + 1, EPI == EPI_RESIDUAL ? v1 + to_float(R[i + 1]) : activate<EPI>(v1));
+}
+
 // ---------------------------------------------------------------- reductions
 // region: reductions
 __device__ __forceinline__ float warp_sum(float v) {

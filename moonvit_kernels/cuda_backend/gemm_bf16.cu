@@ -55,24 +55,6 @@ __device__ __forceinline__ void gemm_bf16_load_tile(bf16 (*dst)[gemm_bf16_cfg::L
   }
 }
 
-// Store outputs (row, col) and (row, col + 1) after the epilogue; col is even.
-template <typename OutT, int EPI>
-__device__ __forceinline__ void gemm_bf16_store_pair(OutT* C, const OutT* R, int row, int col, int N, float v0,
-                                                     float v1) {
-  const size_t i = (size_t)row * N + col;
-  if ((N % 2 == 0) && col + 1 < N) {  // even N: the pair is 2-element aligned
-    if (EPI == EPI_RESIDUAL) {
-      const float2 r = load_float2(R + i);
-      v0 += r.x;
-      v1 += r.y;
-    }
-    store_float2(C + i, activate<EPI>(v0), activate<EPI>(v1));
-    return;
-  }
-  if (col < N) store_float(C + i, EPI == EPI_RESIDUAL ? v0 + to_float(R[i]) : activate<EPI>(v0));
-  if (col + 1 < N) store_float(C + i + 1, EPI == EPI_RESIDUAL ? v1 + to_float(R[i + 1]) : activate<EPI>(v1));
-}
-
 template <typename OutT, int EPI>
 __global__ void __launch_bounds__(gemm_bf16_cfg::THREADS)
     gemm_bf16_tc(const bf16* __restrict__ A, const bf16* __restrict__ B, OutT* C, const OutT* R, int M, int N, int K,
@@ -139,7 +121,7 @@ __global__ void __launch_bounds__(gemm_bf16_cfg::THREADS)
       for (int half = 0; half < 2; ++half) {
         const int row = m0 + wm * WM + mi * 16 + lane / 4 + half * 8;
         const int col = n0 + wn * WN + ni * 8 + (lane % 4) * 2;
-        if (row < M) gemm_bf16_store_pair<OutT, EPI>(C, R, row, col, N, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
+        if (row < M) gemm_store_pair<OutT, EPI>(C, R, row, col, N, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
       }
 }
 // endregion

@@ -56,24 +56,6 @@ __device__ __forceinline__ void gemm_sm90_mma(float (&acc)[BN / 2], unsigned lon
   }
 }
 
-// Store outputs (row, col) and (row, col + 1) after the epilogue; col is even.
-template <typename OutT, int EPI>
-__device__ __forceinline__ void gemm_sm90_store_pair(OutT* C, const OutT* R, int row, int col, int N, float v0,
-                                                     float v1) {
-  const size_t i = (size_t)row * N + col;
-  if ((N % 2 == 0) && col + 1 < N) {  // even N: the pair is 2-element aligned
-    if (EPI == EPI_RESIDUAL) {
-      const float2 r = load_float2(R + i);
-      v0 += r.x;
-      v1 += r.y;
-    }
-    store_float2(C + i, activate<EPI>(v0), activate<EPI>(v1));
-    return;
-  }
-  if (col < N) store_float(C + i, EPI == EPI_RESIDUAL ? v0 + to_float(R[i]) : activate<EPI>(v0));
-  if (col + 1 < N) store_float(C + i + 1, EPI == EPI_RESIDUAL ? v1 + to_float(R[i + 1]) : activate<EPI>(v1));
-}
-
 // tma_a: A as a 2-D tensor {K, M} (K innermost), box {64, 128}, 128-byte swizzle, zero fill;
 // tma_b: B likewise {K, N}, box {64, BN} (tensor_maps.py). Grid (ceil(N / BN), ceil(M / 128)),
 // 384 threads, GemmSm90Cfg<BN>::SMEM_BYTES of dynamic shared memory.
@@ -152,7 +134,7 @@ __global__ void __launch_bounds__(GemmSm90Cfg<BN_>::THREADS, 1)
       for (int h = 0; h < 2; ++h) {
         const int row = m0 + rows + warp * 16 + lane / 4 + 8 * h;
         const int col = n0 + 8 * i + 2 * (lane % 4);
-        if (row < M) gemm_sm90_store_pair<OutT, EPI>(C, R, row, col, N, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+        if (row < M) gemm_store_pair<OutT, EPI>(C, R, row, col, N, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
       }
   }
 }
