@@ -480,17 +480,16 @@ def encode_dataset(
 
     `actors`: encoder actors (default: one per GPU, or 1 CPU actor without GPUs); `num_cpus`: CPUs of
     the local Ray started when none is running and `RAY_ADDRESS` is unset (default: all); `overwrite`:
-    replace the shards of a DST made with another provenance instead of refusing it."""
-    from tqdm import tqdm
-
+    replace the shards of a DST made with another provenance instead of refusing it. One run at a time
+    per DST: another one running is a ValueError (`output_lock.OutputBusy`) naming it."""
     from .atomic import check_writable
     from .checkpoints import local_checkpoint
     from .model import BACKENDS
+    from .output_lock import output_lock
     from .preprocess import resolve_settings
-    from .provenance import digest_json
     from .weights import check_headers, load_config
 
-    ray = require_ray()
+    require_ray()  # the install hint before any work
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
     if batch_tokens < 1:
@@ -506,6 +505,36 @@ def encode_dataset(
     sources = list_sources(src)
     out = Path(out)
     check_writable(out, folder=True)
+    with output_lock(out, "encode-dataset"):
+        return _encode_dataset(
+            src, weights, folder, out, config, preprocess_settings, sources, limits, backend, batch_tokens,
+            rows_per_shard, actors, num_cpus, progress, overwrite,
+        )  # fmt: skip
+
+
+def _encode_dataset(
+    src: str | os.PathLike,
+    weights: str,
+    folder: Any,
+    out: Path,
+    config: Any,
+    preprocess_settings: Any,
+    sources: list[Source],
+    limits: dict[str, int],
+    backend: str,
+    batch_tokens: int,
+    rows_per_shard: int,
+    actors: int | None,
+    num_cpus: int | None,
+    progress: bool,
+    overwrite: bool,
+) -> Summary:
+    """`encode_dataset` once its arguments are checked and DST is locked."""
+    from tqdm import tqdm
+
+    from .provenance import digest_json
+
+    ray = require_ray()
     made = made_with(folder, config, preprocess_settings, rows_per_shard)
     settings = {"weights": weights, "limits": limits, "rows_per_shard": rows_per_shard}
     shards = plan_shards(sources, rows_per_shard, digest_json(made))

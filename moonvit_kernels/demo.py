@@ -88,7 +88,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """`run_demo` on `--image` into `--out` (checked before any compute); prints each picture written."""
     backend = support.choose_backend(args.backend, args.simulator)
     out = support.check_output(args.out, folder=True)
-    written = run_demo(out, Path(args.image), backend, args.in_patch_limit)
+    with support.output_locked(out, "demo"):
+        written = run_demo(out, Path(args.image), backend, args.in_patch_limit)
     for path in written:
         print(f"wrote {path}")
     return 0

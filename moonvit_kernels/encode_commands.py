@@ -43,14 +43,20 @@ def cmd_encode(args: argparse.Namespace) -> int:
     Streamed: one image at a time is preprocessed, encoded and appended to the .npz (written under a
     temporary name, renamed to exactly `--out` when complete), so memory does not grow with the number
     of files. The output place and every image's header are checked before the first forward."""
+    backend = support.choose_backend(args.backend, args.simulator)
+    out = support.check_output(args.out)
+    with support.output_locked(out, "encode"):
+        return _encode(args, backend, out)
+
+
+def _encode(args: argparse.Namespace, backend: str, out: Path) -> int:
+    """`cmd_encode` once the output place is checked and locked."""
     import zipfile
 
     from tqdm import tqdm
 
     from .atomic import add_npy, atomic_file
 
-    backend = support.choose_backend(args.backend, args.simulator)
-    out = support.check_output(args.out)
     config, weights = support.load_checkpoint_or_fail(args.weights)
     settings = support.preprocess_settings(config, args)
     support.inspect_images_or_fail(args.images)

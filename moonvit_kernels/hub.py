@@ -658,16 +658,38 @@ def fetch(
     chunk_bytes: int = CHUNK_BYTES,
     force: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
+    wait: bool = False,
 ) -> dict[str, Any]:
     """Fetch the vision tensors of `source` into the folder `out` (see the module docstring);
     returns the manifest. Resumes from `out/.parts`; an `out` already complete for the same source,
     revision and shard identities is left as it is. `chunk_bytes` caps a request's size, `timeout`
-    the seconds a request may go without data; `force` replaces a checkpoint fetch did not write."""
+    the seconds a request may go without data; `force` replaces a checkpoint fetch did not write.
+    One fetch at a time per `out`: another one running is a FetchError naming it (`wait`: waits for it)."""
+    from .output_lock import OutputBusy, output_lock
+
+    out = Path(out)
+    _check_output(source, out, force)  # before the lock: the lock creates the folder that holds `out`
+    try:
+        with output_lock(out, f"fetch {source}", wait=wait):
+            return _fetch(source, out, revision, progress, chunk_bytes, force, timeout)
+    except OutputBusy as e:
+        raise FetchError(one_line(e)) from None
+
+
+def _fetch(
+    source: str | os.PathLike,
+    out: Path,
+    revision: str | None,
+    progress: bool,
+    chunk_bytes: int,
+    force: bool,
+    timeout: float,
+) -> dict[str, Any]:
+    """`fetch` with the output folder locked."""
     from tqdm import tqdm
 
     from .weights import save_tensors
 
-    out = Path(out)
     shadowing = _check_output(source, out, force)
     src = open_source(source, revision, timeout)
     config_text = src.read_text("config.json")
@@ -774,5 +796,5 @@ def cache_dir(source: str, revision: str | None = None) -> Path:
 def fetch_cached(source: str, revision: str | None = None, progress: bool = False) -> Path:
     """Fetch `source` into its cache folder (resuming or reusing it) and return that folder."""
     out = cache_dir(source, revision)
-    fetch(source, out, revision=revision, progress=progress, force=True)  # the cache folder is ours
+    fetch(source, out, revision=revision, progress=progress, force=True, wait=True)  # the cache folder is ours
     return out

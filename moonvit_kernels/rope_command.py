@@ -138,11 +138,14 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix.lower() != ".png":
         raise ValueError(f"--out: the maps are written as PNG, give a .png path (got {out.name!r})")
-    written = write_pictures(head_dim, grid, out)
-    if args.html:
-        page = out.with_suffix(".html")
-        page.write_text(html_page(head_dim, grid, written), encoding="utf-8")
-        written.append(page)
+    from .command_support import output_locked
+
+    with output_locked(out, "rope"):
+        written = write_pictures(head_dim, grid, out)
+        if args.html:
+            page = out.with_suffix(".html")
+            page.write_text(html_page(head_dim, grid, written), encoding="utf-8")
+            written.append(page)
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -688,3 +688,30 @@ def test_broken_checkpoint_files_are_one_error_line(tmp_path, capsys, command, s
         assert rc == 2
         line = error_line(capsys)
         assert reason in line and str(tmp_path / ck) in line
+
+
+# ============================================================================ one run per output (issue 31)
+@pytest.mark.parametrize(
+    "command, out_name",
+    [
+        (["fetch", str(TINY)], "fetched"),
+        (["encode", "IMAGE", "--backend", "numpy"], "emb.npz"),
+        (["encode-dataset", "IMAGES"], "dataset"),
+        (["golden"], "golden"),
+        (["demo"], "demo"),
+        (["rope"], "rope.png"),
+    ],
+)
+def test_a_second_run_into_the_same_output_is_refused_naming_the_first(
+    tmp_path, capsys, small_image, command, out_name, no_compute
+):
+    from moonvit_kernels.output_lock import output_lock
+
+    out = tmp_path / out_name
+    args = [str(small_image) if a == "IMAGE" else str(small_image.parent) if a == "IMAGES" else a for a in command]
+    before = snapshot(tmp_path)
+    with output_lock(out, "the first run"):
+        assert cli.main([*args, "--out", str(out)]) == 2
+    line = error_line(capsys)
+    assert f"{out}: in use by another run (pid {os.getpid()}, `the first run`, started " in line
+    assert snapshot(tmp_path) == before  # nothing written, the lock file gone
