@@ -343,11 +343,12 @@ DIGEST_WINDOW = 4096
 DIGEST_WINDOWS = 16
 
 
-def checkpoint_digest(path: str | os.PathLike) -> str:
+def checkpoint_digest(path: str | os.PathLike, full: bool = False) -> str:
     """sha256 over every vision tensor's name, dtype, shape and bytes: all of its bytes up to
     `DIGEST_WINDOWS`·`DIGEST_WINDOW` (64 KiB), else that many 4 KiB windows spread evenly (first and
     last included). At most 64 KiB read per tensor (~11 MB for K3), independent of paths and times:
-    a copy has the same digest, a checkpoint re-saved in place with other values another one."""
+    a copy has the same digest, a checkpoint re-saved in place with other values another one.
+    With `full`, every byte of every vision tensor (a change between the windows is seen too)."""
     digest = hashlib.sha256()
     handles: dict[Path, Any] = {}
     try:
@@ -355,11 +356,25 @@ def checkpoint_digest(path: str | os.PathLike) -> str:
             if file.path not in handles:
                 handles[file.path] = open(file.path, "rb")
             digest.update(json.dumps([name, file.dtype(name), list(file.shape(name))]).encode())
-            digest.update(_sampled_bytes(handles[file.path], *file.byte_range(name)))
+            start, end = file.byte_range(name)
+            if full:
+                _hash_range(digest, handles[file.path], start, end)
+            else:
+                digest.update(_sampled_bytes(handles[file.path], start, end))
     finally:
         for f in handles.values():
             f.close()
     return digest.hexdigest()
+
+
+def _hash_range(digest: Any, f: Any, start: int, end: int) -> None:
+    f.seek(start)
+    while start < end:
+        piece = f.read(min(2**20, end - start))
+        if not piece:
+            raise ValueError(f"{f.name}: ends inside a tensor (truncated)")
+        digest.update(piece)
+        start += len(piece)
 
 
 def _sampled_bytes(f: Any, start: int, end: int) -> bytes:
