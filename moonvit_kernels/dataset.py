@@ -356,7 +356,7 @@ def pack(token_counts: list[int], budget: int) -> list[list[int]]:
 class Encoder:
     """A Ray Data actor: loads the checkpoint once, encodes packed batches of decoded rows."""
 
-    def __init__(self, weights: str, backend: str, batch_tokens: int):
+    def __init__(self, weights: str, backend: str, batch_tokens: int, allow_nonfinite: bool = False):
         from .checkpoints import load_checkpoint
         from .model import MoonViT
 
@@ -364,6 +364,7 @@ class Encoder:
         self.model = MoonViT(config, w, backend=backend)
         self.config = config
         self.batch_tokens = batch_tokens
+        self.allow_nonfinite = allow_nonfinite
         self._blas = None
         if self.model.computes_on_host:
             # Ray starts actors with OMP_NUM_THREADS = their CPU share (1 here); the CPU encoder is the
@@ -397,7 +398,9 @@ class Encoder:
                         errors[i] = f"encode failed: {type(e).__name__}: {' '.join(str(e).split())}"
                         outputs.append(None)
             for i, o in zip(rows, outputs, strict=True):
-                if o is not None:
+                if o is not None and not self.allow_nonfinite and not np.all(np.isfinite(o)):
+                    errors[i] = "encode failed: the embedding holds NaN or Inf (allow_nonfinite keeps it)"
+                elif o is not None:
                     embeddings[i], dtypes[i], tokens[i] = o.tobytes(), str(o.dtype), int(o.shape[0])
         keep = ("shard", "index", "id", "path", "width", "height", "t", "h", "w")
         out = {k: batch[k] for k in keep}
@@ -567,12 +570,14 @@ def encode_dataset(
     patch_limit_on_one_side: int | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    allow_nonfinite: bool = False,
 ) -> Summary:
     """Encode every image of `src` into Parquet shards under `out` (see the module docstring).
 
     `actors`: encoder actors (default: one per GPU, or 1 CPU actor without GPUs); `num_cpus`: CPUs of
     the local Ray started when none is running and `RAY_ADDRESS` is unset (default: all); `overwrite`:
-    replace the shards of a DST made with another provenance instead of refusing it. One run at a time
+    replace the shards of a DST made with another provenance instead of refusing it; `allow_nonfinite`:
+    keep embeddings holding NaN or Inf (by default such an image is an error row). One run at a time
     per DST: another one running is a ValueError (`output_lock.OutputBusy`) naming it."""
     from .atomic import check_writable
     from .checkpoints import local_checkpoint
@@ -600,7 +605,7 @@ def encode_dataset(
     with output_lock(out, "encode-dataset"):
         return _encode_dataset(
             src, weights, folder, out, config, preprocess_settings, sources, limits, backend, batch_tokens,
-            rows_per_shard, actors, num_cpus, progress, overwrite,
+            rows_per_shard, actors, num_cpus, progress, overwrite, allow_nonfinite,
         )  # fmt: skip
 
 
@@ -620,6 +625,7 @@ def _encode_dataset(
     num_cpus: int | None,
     progress: bool,
     overwrite: bool,
+    allow_nonfinite: bool,
 ) -> Summary:
     """`encode_dataset` once its arguments are checked and DST is locked."""
     from tqdm import tqdm
@@ -645,8 +651,9 @@ def _encode_dataset(
     try:
         if pending:
             written, backends = _run_pipeline(
-                ray, sources, pending, out, weights, backend, batch_tokens, actors, limits, config, progress, tqdm
-            )
+                ray, sources, pending, out, weights, backend, batch_tokens, actors, limits, config, progress, tqdm,
+                allow_nonfinite,
+            )  # fmt: skip
     finally:
         if started_ray:
             ray.shutdown()
@@ -695,6 +702,7 @@ def _run_pipeline(
     config: Any,
     progress: bool,
     tqdm: Any,
+    allow_nonfinite: bool = False,
 ) -> tuple[dict[int, dict[str, Any]], list[str]]:
     """Run decode -> encode for the pending shards; write each shard as soon as all its rows are in.
     Returns the written shards' summaries and the backends the actors ran."""
@@ -736,7 +744,12 @@ def _run_pipeline(
     ds = ds.map(decode_row, fn_kwargs={"settings": settings}, num_cpus=decode_cpus, memory=DECODE_MEMORY)
     ds = ds.map_batches(
         Encoder,
-        fn_constructor_kwargs={"weights": weights, "backend": backend, "batch_tokens": batch_tokens},
+        fn_constructor_kwargs={
+            "weights": weights,
+            "backend": backend,
+            "batch_tokens": batch_tokens,
+            "allow_nonfinite": allow_nonfinite,
+        },
         batch_size=32,
         batch_format="numpy",
         compute=pool,

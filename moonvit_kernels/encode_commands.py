@@ -75,6 +75,12 @@ def _encode(args: argparse.Namespace, backend: str, out: Path) -> int:
                 item.pixel_values, item.grid_thws, as_numpy=True, on_layer=lambda _block: layers.update()
             )
             embedding = np.asarray(embedding, dtype=np.float32)
+            if not args.allow_nonfinite and not np.all(np.isfinite(embedding)):
+                stage = first_nonfinite_stage(item, weights, config)
+                raise support.CLIError(
+                    f"{path}: the embedding holds NaN or Inf (first at stage {stage}); nothing written to {out} "
+                    "(--allow-nonfinite writes it anyway)"
+                )
             add_npy(archive, f"image_{i}", embedding)
             plan = item.plans[0]
             grids.append(item.grid_thws)
@@ -92,6 +98,19 @@ def _encode(args: argparse.Namespace, backend: str, out: Path) -> int:
     print("\n".join(lines))
     print(f"backend {support.backend_label(model)}: {len(lines)} image(s) in {seconds:.2f} s; wrote {out}")
     return 0
+
+
+def first_nonfinite_stage(item: object, weights: dict[str, np.ndarray], config: object) -> str:
+    """The first stage of the NumPy reference (float32) on `item` that holds NaN or Inf, by name."""
+    from .reference import vision_forward
+
+    _, stages = vision_forward(
+        item.pixel_values, item.grid_thws, weights, config, np.float32, return_intermediates=True
+    )
+    for name, value in stages.items():
+        if not np.all(np.isfinite(value)):
+            return name
+    return "output (the reference stays finite: the backend differs)"
 
 
 # ============================================================================ encode-dataset
@@ -116,6 +135,7 @@ def cmd_encode_dataset(args: argparse.Namespace) -> int:
             num_cpus=args.num_cpus,
             progress=not args.quiet,
             overwrite=args.overwrite,
+            allow_nonfinite=args.allow_nonfinite,
             **support.preprocess_limits(args),
         )
     except ImportError as e:

@@ -715,3 +715,20 @@ def test_a_second_run_into_the_same_output_is_refused_naming_the_first(
     line = error_line(capsys)
     assert f"{out}: in use by another run (pid {os.getpid()}, `the first run`, started " in line
     assert snapshot(tmp_path) == before  # nothing written, the lock file gone
+
+
+def test_encode_refuses_a_nonfinite_embedding_naming_the_image_and_stage(tmp_path, small_image, capsys):
+    config, weights = load_checkpoint(TINY)
+    huge = {
+        k: (np.full_like(v, 3e38) if k == "vision_tower.patch_embed.proj.weight" else v) for k, v in weights.items()
+    }
+    save_checkpoint(tmp_path / "ckpt", huge, config, dtype="float32")
+    out = tmp_path / "emb.npz"
+    args = ["encode", str(small_image), "--weights", str(tmp_path / "ckpt"), "--backend", "numpy", "--out", str(out)]
+    assert cli.main([*args, "--quiet"]) == 2
+    line = error_line(capsys)
+    assert f"{small_image}: the embedding holds NaN or Inf (first at stage patch_embed)" in line
+    assert not out.exists()
+    assert cli.main([*args, "--quiet", "--allow-nonfinite"]) == 0
+    with np.load(out) as data:
+        assert not np.isfinite(data["image_0"]).any()

@@ -557,3 +557,22 @@ def test_files_of_its_names_it_did_not_write_are_never_touched(images, tmp_path,
                 encode(images, out, rows_per_shard=3, overwrite=overwrite)
         assert (out / name).read_bytes() == before
         (out / name).unlink()
+
+
+def test_a_nonfinite_embedding_is_an_error_row_unless_allowed(images, tmp_path):
+    from moonvit_kernels.weights import save_checkpoint
+
+    config, weights = load_checkpoint(TINY_DIR)
+    weights["vision_tower.patch_embed.proj.weight"] = np.full_like(
+        weights["vision_tower.patch_embed.proj.weight"], 3e38
+    )
+    save_checkpoint(tmp_path / "huge", weights, config, dtype="float32")
+    row = dataset.decode_row(
+        {"shard": 0, "index": 0, "id": "00.png", "path": str(images / "00.png"), "data": b""}, config
+    )
+    batch = {k: np.array([row[k]], dtype=object) for k in row}
+    out = dataset.Encoder(str(tmp_path / "huge"), "numpy", batch_tokens=10**6)(batch)
+    assert out["error"][0] == "encode failed: the embedding holds NaN or Inf (allow_nonfinite keeps it)"
+    assert out["embedding"][0] == b""
+    kept = dataset.Encoder(str(tmp_path / "huge"), "numpy", batch_tokens=10**6, allow_nonfinite=True)(batch)
+    assert kept["error"][0] == "" and not np.isfinite(np.frombuffer(kept["embedding"][0], np.float32)).any()
