@@ -732,3 +732,37 @@ def test_encode_refuses_a_nonfinite_embedding_naming_the_image_and_stage(tmp_pat
     assert cli.main([*args, "--quiet", "--allow-nonfinite"]) == 0
     with np.load(out) as data:
         assert not np.isfinite(data["image_0"]).any()
+
+
+def test_demo_never_replaces_pictures_it_did_not_write(tmp_path, capsys):
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "05_attention_mask.png").write_bytes(b"my own picture")
+    before = snapshot(out)
+    assert cli.main(["demo", "--out", str(out), "--in-patch-limit", "64"]) == 2
+    assert "holds 05_attention_mask.png that this command did not write" in error_line(capsys)
+    assert snapshot(out) == before
+    (out / "05_attention_mask.png").unlink()
+    assert cli.main(["demo", "--out", str(out), "--in-patch-limit", "64"]) == 0
+    assert cli.main(["demo", "--out", str(out), "--in-patch-limit", "64"]) == 0  # its own pictures: replaced
+    assert sorted(p.name for p in out.iterdir()) == sorted([*demo.DEMO_FILES, demo.DEMO_RECORD])
+
+
+def test_rope_never_replaces_files_it_did_not_write(tmp_path, capsys):
+    out = tmp_path / "rope.png"
+    (tmp_path / "rope_comb.png").write_bytes(b"mine")
+    (tmp_path / "rope.html").write_text("my page")
+    before = snapshot(tmp_path)
+    for extra in ([], ["--html"]):
+        assert cli.main(["rope", "--head-dim", "8", "--grid", "4x4", "--out", str(out), *extra]) == 2
+        assert "rope_comb.png that this command did not write" in error_line(capsys)
+        assert snapshot(tmp_path) == before
+    (tmp_path / "rope_comb.png").unlink()
+    assert cli.main(["rope", "--head-dim", "8", "--grid", "4x4", "--out", str(out)]) == 0  # the page is not its
+    assert (tmp_path / "rope.html").read_text() == "my page"
+    assert cli.main(["rope", "--head-dim", "8", "--grid", "4x4", "--out", str(out), "--html"]) == 2
+    (tmp_path / "rope.html").unlink()
+    assert cli.main(["rope", "--head-dim", "8", "--grid", "4x4", "--out", str(out), "--html"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".rope.rope.json", "rope.html", "rope.png", "rope_comb.png", "rope_offset.png"
+    ]  # fmt: skip
