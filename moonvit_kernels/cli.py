@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     enc.add_argument("--backend", default="auto", help="auto, numpy, numba or cupy (default auto)")
     enc.add_argument("--out", default="embeddings.npz", help="output .npz (default embeddings.npz)")
     enc.add_argument("--quiet", action="store_true", help="no progress bar")
+    enc.add_argument(
+        "--allow-nonfinite", action="store_true", help="write embeddings holding NaN or Inf instead of refusing"
+    )
     simulator_flag(enc)
     limits(enc)
     enc.set_defaults(func=encode_commands.cmd_encode)
@@ -68,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--quiet", action="store_true", help="no progress bar")
     ds.add_argument(
         "--overwrite", action="store_true", help="replace shards in --out made with another checkpoint or settings"
+    )
+    ds.add_argument(
+        "--allow-nonfinite", action="store_true", help="keep embeddings holding NaN or Inf (default: an error row)"
     )
     limits(ds)
     ds.set_defaults(func=encode_commands.cmd_encode_dataset)

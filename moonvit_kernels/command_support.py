@@ -8,8 +8,9 @@ The commands themselves live in their own modules (`encode_commands`, `golden`, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,21 @@ def check_output(path: str | Path, folder: bool = False) -> Path:
     except ValueError as e:
         raise CLIError(one_line(e)) from None
     return Path(path)
+
+
+@contextlib.contextmanager
+def output_locked(out: str | Path, command: str) -> Iterator[None]:
+    """`output_lock.output_lock` of `out` for the block, a run already holding it a CLIError naming it."""
+    from .output_lock import OutputBusy, output_lock
+
+    try:
+        lock = output_lock(out, command)
+        lock.__enter__()
+    except OutputBusy as e:
+        raise CLIError(one_line(e)) from None
+    with contextlib.ExitStack() as stack:
+        stack.push(lock)
+        yield
 
 
 def read_inputs_or_fail(path: str | Path) -> tuple[np.ndarray, np.ndarray]:

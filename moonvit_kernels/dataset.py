@@ -174,27 +174,47 @@ class Shard:
         return f"{SHARD_PREFIX}{self.number:05d}"
 
 
-def plan_shards(sources: list[Source], rows_per_shard: int, settings_key: str) -> list[Shard]:
-    """Consecutive shards of `rows_per_shard` sources; each keyed by sha256(settings, its ids), and
-    carrying `settings_key` (the provenance digest) as `provenance`."""
+def source_digest(source: Source) -> str:
+    """sha256 of a source's content (its bytes, else its file's); "unreadable" when the file cannot be read."""
+    from .provenance import file_digest
+
+    if source.data:
+        return hashlib.sha256(source.data).hexdigest()
+    try:
+        return file_digest(source.path)
+    except OSError:
+        return "unreadable"
+
+
+def plan_shards(
+    sources: list[Source], rows_per_shard: int, settings_key: str, digests: list[str] | None = None
+) -> list[Shard]:
+    """Consecutive shards of `rows_per_shard` sources; each keyed by sha256(settings, its ids and their
+    content `digests`), and carrying `settings_key` (the provenance digest) as `provenance`."""
     if rows_per_shard < 1:
         raise ValueError(f"rows_per_shard must be >= 1, got {rows_per_shard}")
+    digests = digests if digests is not None else [""] * len(sources)
     shards = []
     for number, start in enumerate(range(0, len(sources), rows_per_shard)):
         stop = min(len(sources), start + rows_per_shard)
         h = hashlib.sha256(settings_key.encode())
-        for s in sources[start:stop]:
-            h.update(b"\0" + s.id.encode())
+        for s, digest in zip(sources[start:stop], digests[start:stop], strict=True):
+            h.update(b"\0" + s.id.encode() + b"\0" + digest.encode())
         shards.append(Shard(number, start, stop, h.hexdigest(), settings_key))
     return shards
 
 
-def shard_is_done(out: Path, shard: Shard) -> bool:
-    """True when `out` holds this shard's Parquet file and errors file, made for the same ids and settings."""
+def shard_is_done(out: Path, shard: Shard, recorded: dict[str, str] | None = None) -> bool:
+    """True when `out` holds this shard's Parquet file and errors file, made for the same ids, inputs and
+    settings, and (when the earlier manifest lists it: `recorded`, file -> sha256) not altered since."""
     import pyarrow.parquet as pq
+
+    from .provenance import file_digest
 
     parquet, errors = out / f"{shard.name}.parquet", out / f"{shard.name}.errors.jsonl"
     if not (parquet.is_file() and errors.is_file()):
+        return False
+    if parquet.name in (recorded or {}) and file_digest(parquet) != recorded[parquet.name]:
         return False
     try:
         meta = pq.read_schema(parquet).metadata or {}
@@ -212,7 +232,7 @@ def made_with(weights_folder: str | os.PathLike, config: Any, settings: Any, row
     from .weights import checkpoint_digest
 
     return {
-        "checkpoint": checkpoint_digest(weights_folder),
+        "checkpoint": checkpoint_digest(weights_folder, full=True),
         "config": digest_json(config.to_dict()),
         "preprocess": dataclasses.asdict(settings),
         "rows_per_shard": rows_per_shard,
@@ -227,13 +247,55 @@ def is_output_file(name: str) -> bool:
 
 def claim_output(out: Path, provenance_made_with: dict[str, Any], overwrite: bool) -> None:
     """Make DST ours for this provenance: refuse one made otherwise (ValueError naming what differs),
-    or with `overwrite` remove its files; then write `provenance.json`."""
+    or with `overwrite` remove its files; then write `provenance.json`. Files of encode-dataset's names
+    that it did not write are refused whatever `overwrite` says (never touched)."""
     from . import provenance
 
+    foreign = foreign_outputs(out)
+    if foreign:
+        raise ValueError(
+            f"{out}: holds {', '.join(foreign)} that encode-dataset did not write: it will not touch them; "
+            "move them away or choose another output folder"
+        )
     for path in provenance.claim(out, FORMAT, provenance_made_with, is_output_file, overwrite, "shards"):
         path.unlink()
     out.mkdir(parents=True, exist_ok=True)
     provenance.write(out, {"format": FORMAT, "made_with": provenance_made_with})
+
+
+def recorded_shards(out: Path, provenance_made_with: dict[str, Any]) -> dict[str, str]:
+    """shard file -> sha256, as DST's manifest.json records them (empty when it has none of this provenance)."""
+    try:
+        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    made = json.loads(json.dumps(provenance_made_with))
+    if not isinstance(manifest, dict) or manifest.get("made_with") != made:
+        return {}
+    return {e["file"]: e["sha256"] for e in manifest.get("shards", []) if isinstance(e, dict) and "sha256" in e}
+
+
+def foreign_outputs(out: Path) -> list[str]:
+    """The files in `out` with encode-dataset's names (`is_output_file`) whose content it did not write:
+    a manifest of another format, an errors file whose lines are not its records, a Parquet file without
+    its shard metadata."""
+    if not out.is_dir():
+        return []
+    return sorted(p.name for p in out.iterdir() if p.is_file() and is_output_file(p.name) and not _ours(p))
+
+
+def _ours(path: Path) -> bool:
+    import pyarrow.parquet as pq
+
+    try:
+        if path.suffix == ".parquet":
+            return METADATA_KEY in (pq.read_schema(path).metadata or {})
+        text = path.read_text(encoding="utf-8")
+        if path.name == MANIFEST:
+            return json.loads(text).get("format") == FORMAT
+        return all({"id", "shard", "reason"} <= set(json.loads(line)) for line in text.splitlines())
+    except Exception:  # noqa: BLE001 — unreadable, not JSON, not Parquet: not ours
+        return False
 
 
 def remove_shards_past(out: Path, count: int) -> None:
@@ -294,7 +356,7 @@ def pack(token_counts: list[int], budget: int) -> list[list[int]]:
 class Encoder:
     """A Ray Data actor: loads the checkpoint once, encodes packed batches of decoded rows."""
 
-    def __init__(self, weights: str, backend: str, batch_tokens: int):
+    def __init__(self, weights: str, backend: str, batch_tokens: int, allow_nonfinite: bool = False):
         from .checkpoints import load_checkpoint
         from .model import MoonViT
 
@@ -302,6 +364,7 @@ class Encoder:
         self.model = MoonViT(config, w, backend=backend)
         self.config = config
         self.batch_tokens = batch_tokens
+        self.allow_nonfinite = allow_nonfinite
         self._blas = None
         if self.model.computes_on_host:
             # Ray starts actors with OMP_NUM_THREADS = their CPU share (1 here); the CPU encoder is the
@@ -335,7 +398,9 @@ class Encoder:
                         errors[i] = f"encode failed: {type(e).__name__}: {' '.join(str(e).split())}"
                         outputs.append(None)
             for i, o in zip(rows, outputs, strict=True):
-                if o is not None:
+                if o is not None and not self.allow_nonfinite and not np.all(np.isfinite(o)):
+                    errors[i] = "encode failed: the embedding holds NaN or Inf (allow_nonfinite keeps it)"
+                elif o is not None:
                     embeddings[i], dtypes[i], tokens[i] = o.tobytes(), str(o.dtype), int(o.shape[0])
         keep = ("shard", "index", "id", "path", "width", "height", "t", "h", "w")
         out = {k: batch[k] for k in keep}
@@ -415,7 +480,9 @@ def _error_line(row: dict[str, Any], shard: Shard) -> str:
 
 def read_embeddings(out: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every embedding in DST's shards: id -> `[num_tokens, text_hidden]` array (dtype as written).
-    ValueError when DST has no `provenance.json`, or a shard was made with another provenance."""
+    ValueError when DST has no `provenance.json`, no manifest of that provenance (an unfinished run), a
+    shard the manifest lists is missing or not the file it records (sha256), a shard it does not list is
+    there, or a shard was made with another provenance."""
     import pyarrow.parquet as pq
 
     from . import provenance
@@ -423,7 +490,7 @@ def read_embeddings(out: str | os.PathLike) -> dict[str, np.ndarray]:
     record = provenance.check(out, FORMAT, "an encode-dataset output")
     expected = provenance.digest_json(record["made_with"])
     result = {}
-    for path in sorted(Path(out).glob(f"{SHARD_PREFIX}*.parquet")):
+    for path in checked_shards(Path(out), record["made_with"]):
         try:
             meta = json.loads((pq.read_schema(path).metadata or {}).get(METADATA_KEY, b"{}"))
         except Exception as e:  # noqa: BLE001 — pyarrow's errors for a file that is not Parquet
@@ -437,6 +504,34 @@ def read_embeddings(out: str | os.PathLike) -> dict[str, np.ndarray]:
             values = column[i].values.flatten().to_numpy(zero_copy_only=False)
             result[image_id] = values.reshape(-1, width)
     return result
+
+
+def checked_shards(out: Path, provenance_made_with: dict[str, Any]) -> list[Path]:
+    """The shard files DST's manifest lists, each checked to be there with the sha256 it records;
+    ValueError naming the problem (no manifest, a missing, altered or unlisted shard)."""
+    from .provenance import PROVENANCE, file_digest
+
+    recorded = recorded_shards(out, provenance_made_with)
+    if not recorded:
+        raise ValueError(
+            f"{out / MANIFEST}: missing, or not of the run {PROVENANCE} describes (an unfinished run?): "
+            "run encode-dataset again to finish it"
+        )
+    for name, digest in sorted(recorded.items()):
+        path = out / name
+        if not path.is_file():
+            raise ValueError(f"{path}: missing (listed in {MANIFEST}): run encode-dataset again to redo it")
+        if file_digest(path) != digest:
+            raise ValueError(
+                f"{path}: altered since it was written (not the sha256 {MANIFEST} records): run encode-dataset "
+                "again to redo it"
+            )
+    unlisted = sorted(p.name for p in out.glob(f"{SHARD_PREFIX}*.parquet") if p.name not in recorded)
+    if unlisted:
+        raise ValueError(
+            f"{out}: holds shards {MANIFEST} does not list ({', '.join(unlisted)}): run encode-dataset again"
+        )
+    return [out / name for name in sorted(recorded)]
 
 
 # ============================================================================ the run
@@ -475,22 +570,23 @@ def encode_dataset(
     patch_limit_on_one_side: int | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    allow_nonfinite: bool = False,
 ) -> Summary:
     """Encode every image of `src` into Parquet shards under `out` (see the module docstring).
 
     `actors`: encoder actors (default: one per GPU, or 1 CPU actor without GPUs); `num_cpus`: CPUs of
     the local Ray started when none is running and `RAY_ADDRESS` is unset (default: all); `overwrite`:
-    replace the shards of a DST made with another provenance instead of refusing it."""
-    from tqdm import tqdm
-
+    replace the shards of a DST made with another provenance instead of refusing it; `allow_nonfinite`:
+    keep embeddings holding NaN or Inf (by default such an image is an error row). One run at a time
+    per DST: another one running is a ValueError (`output_lock.OutputBusy`) naming it."""
     from .atomic import check_writable
     from .checkpoints import local_checkpoint
     from .model import BACKENDS
+    from .output_lock import output_lock
     from .preprocess import resolve_settings
-    from .provenance import digest_json
     from .weights import check_headers, load_config
 
-    ray = require_ray()
+    require_ray()  # the install hint before any work
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
     if batch_tokens < 1:
@@ -506,12 +602,45 @@ def encode_dataset(
     sources = list_sources(src)
     out = Path(out)
     check_writable(out, folder=True)
+    with output_lock(out, "encode-dataset"):
+        return _encode_dataset(
+            src, weights, folder, out, config, preprocess_settings, sources, limits, backend, batch_tokens,
+            rows_per_shard, actors, num_cpus, progress, overwrite, allow_nonfinite,
+        )  # fmt: skip
+
+
+def _encode_dataset(
+    src: str | os.PathLike,
+    weights: str,
+    folder: Any,
+    out: Path,
+    config: Any,
+    preprocess_settings: Any,
+    sources: list[Source],
+    limits: dict[str, int],
+    backend: str,
+    batch_tokens: int,
+    rows_per_shard: int,
+    actors: int | None,
+    num_cpus: int | None,
+    progress: bool,
+    overwrite: bool,
+    allow_nonfinite: bool,
+) -> Summary:
+    """`encode_dataset` once its arguments are checked and DST is locked."""
+    from tqdm import tqdm
+
+    from .provenance import digest_json
+
+    ray = require_ray()
     made = made_with(folder, config, preprocess_settings, rows_per_shard)
     settings = {"weights": weights, "limits": limits, "rows_per_shard": rows_per_shard}
-    shards = plan_shards(sources, rows_per_shard, digest_json(made))
+    digests = [source_digest(s) for s in sources]
+    shards = plan_shards(sources, rows_per_shard, digest_json(made), digests)
     claim_output(out, made, overwrite)
     remove_shards_past(out, len(shards))
-    pending = [s for s in shards if not shard_is_done(out, s)]
+    recorded = recorded_shards(out, made)
+    pending = [s for s in shards if not shard_is_done(out, s, recorded)]
 
     started_ray = bool(pending) and not ray.is_initialized()  # nothing to do: no Ray at all
     if started_ray:
@@ -522,8 +651,9 @@ def encode_dataset(
     try:
         if pending:
             written, backends = _run_pipeline(
-                ray, sources, pending, out, weights, backend, batch_tokens, actors, limits, config, progress, tqdm
-            )
+                ray, sources, pending, out, weights, backend, batch_tokens, actors, limits, config, progress, tqdm,
+                allow_nonfinite,
+            )  # fmt: skip
     finally:
         if started_ray:
             ray.shutdown()
@@ -572,6 +702,7 @@ def _run_pipeline(
     config: Any,
     progress: bool,
     tqdm: Any,
+    allow_nonfinite: bool = False,
 ) -> tuple[dict[int, dict[str, Any]], list[str]]:
     """Run decode -> encode for the pending shards; write each shard as soon as all its rows are in.
     Returns the written shards' summaries and the backends the actors ran."""
@@ -613,7 +744,12 @@ def _run_pipeline(
     ds = ds.map(decode_row, fn_kwargs={"settings": settings}, num_cpus=decode_cpus, memory=DECODE_MEMORY)
     ds = ds.map_batches(
         Encoder,
-        fn_constructor_kwargs={"weights": weights, "backend": backend, "batch_tokens": batch_tokens},
+        fn_constructor_kwargs={
+            "weights": weights,
+            "backend": backend,
+            "batch_tokens": batch_tokens,
+            "allow_nonfinite": allow_nonfinite,
+        },
         batch_size=32,
         batch_format="numpy",
         compute=pool,
@@ -655,8 +791,11 @@ def _finish(
     images: int,
     provenance_made_with: dict[str, Any],
 ) -> Summary:
-    """Merge the shards' errors into errors.jsonl and write manifest.json (both atomically)."""
+    """Merge the shards' errors into errors.jsonl and write manifest.json (both atomically), with each
+    shard's sha256 (`read_embeddings` checks them)."""
     import pyarrow.parquet as pq
+
+    from .provenance import file_digest
 
     seconds = run["seconds"]
     entries = []
@@ -673,6 +812,7 @@ def _finish(
                 "rows": meta["rows"],
                 "errors": meta["errors"],
                 "key": s.key,
+                "sha256": file_digest(out / f"{s.name}.parquet"),
                 "status": "written" if s.number in written else "skipped (already done)",
             }
         )

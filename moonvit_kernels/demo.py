@@ -16,6 +16,17 @@ from .bundled import TINY_DIR
 # The demo keeps the tiny model (patch 4) to about a thousand patches per image so that the
 # whole pipeline runs in about a second on a CPU; K3 itself allows 65536.
 DEMO_IN_PATCH_LIMIT = 1024
+DEMO_FILES = (
+    "01_patch_grid.png",
+    "02_rope_frequency_maps.png",
+    "03_rope_offset_invariance.png",
+    "04_merge_index_map.png",
+    "05_attention_mask.png",
+    "06_pca_features.png",
+    "07_error_vs_float64.png",
+)
+DEMO_RECORD = "demo_files.json"  # the pictures demo wrote here, with their sha256 (`file_sets`)
+DEMO_FORMAT = "moonvit_kernels demo 1"
 
 
 def demo_crop_box(width: int, height: int) -> tuple[int, int, int, int]:
@@ -73,22 +84,34 @@ def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[
             title=f"projected output, {model.backend_name} float32 vs NumPy float64",
         ),
     }
-    from .atomic import atomic_path
+    import shutil
+    import tempfile
+
+    from .file_sets import replace_set
 
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, fig in figures.items():
-        with atomic_path(out / name) as tmp:  # the temporary name keeps ".png": savefig's format
-            fig.savefig(tmp, dpi=110)
-        written.append(out / name)
-    return written
+    staging = Path(tempfile.mkdtemp(prefix=".demo-staging-", dir=out))
+    try:
+        for name, fig in figures.items():
+            fig.savefig(staging / name, dpi=110)
+        replace_set(out / DEMO_RECORD, DEMO_FORMAT, {out / name: staging / name for name in figures})
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out / name for name in figures]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """`run_demo` on `--image` into `--out` (checked before any compute); prints each picture written."""
     backend = support.choose_backend(args.backend, args.simulator)
     out = support.check_output(args.out, folder=True)
-    written = run_demo(out, Path(args.image), backend, args.in_patch_limit)
+    from .file_sets import ForeignFiles, check_owned
+
+    with support.output_locked(out, "demo"):
+        try:
+            check_owned(out / DEMO_RECORD, DEMO_FORMAT, [out / name for name in DEMO_FILES])
+            written = run_demo(out, Path(args.image), backend, args.in_patch_limit)
+        except ForeignFiles as e:
+            raise support.CLIError(support.one_line(e)) from None
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -43,14 +43,20 @@ def cmd_encode(args: argparse.Namespace) -> int:
     Streamed: one image at a time is preprocessed, encoded and appended to the .npz (written under a
     temporary name, renamed to exactly `--out` when complete), so memory does not grow with the number
     of files. The output place and every image's header are checked before the first forward."""
+    backend = support.choose_backend(args.backend, args.simulator)
+    out = support.check_output(args.out)
+    with support.output_locked(out, "encode"):
+        return _encode(args, backend, out)
+
+
+def _encode(args: argparse.Namespace, backend: str, out: Path) -> int:
+    """`cmd_encode` once the output place is checked and locked."""
     import zipfile
 
     from tqdm import tqdm
 
     from .atomic import add_npy, atomic_file
 
-    backend = support.choose_backend(args.backend, args.simulator)
-    out = support.check_output(args.out)
     config, weights = support.load_checkpoint_or_fail(args.weights)
     settings = support.preprocess_settings(config, args)
     support.inspect_images_or_fail(args.images)
@@ -69,6 +75,12 @@ def cmd_encode(args: argparse.Namespace) -> int:
                 item.pixel_values, item.grid_thws, as_numpy=True, on_layer=lambda _block: layers.update()
             )
             embedding = np.asarray(embedding, dtype=np.float32)
+            if not args.allow_nonfinite and not np.all(np.isfinite(embedding)):
+                stage = first_nonfinite_stage(item, weights, config)
+                raise support.CLIError(
+                    f"{path}: the embedding holds NaN or Inf (first at stage {stage}); nothing written to {out} "
+                    "(--allow-nonfinite writes it anyway)"
+                )
             add_npy(archive, f"image_{i}", embedding)
             plan = item.plans[0]
             grids.append(item.grid_thws)
@@ -86,6 +98,19 @@ def cmd_encode(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     print(f"backend {support.backend_label(model)}: {len(lines)} image(s) in {seconds:.2f} s; wrote {out}")
     return 0
+
+
+def first_nonfinite_stage(item: object, weights: dict[str, np.ndarray], config: object) -> str:
+    """The first stage of the NumPy reference (float32) on `item` that holds NaN or Inf, by name."""
+    from .reference import vision_forward
+
+    _, stages = vision_forward(
+        item.pixel_values, item.grid_thws, weights, config, np.float32, return_intermediates=True
+    )
+    for name, value in stages.items():
+        if not np.all(np.isfinite(value)):
+            return name
+    return "output (the reference stays finite: the backend differs)"
 
 
 # ============================================================================ encode-dataset
@@ -110,6 +135,7 @@ def cmd_encode_dataset(args: argparse.Namespace) -> int:
             num_cpus=args.num_cpus,
             progress=not args.quiet,
             overwrite=args.overwrite,
+            allow_nonfinite=args.allow_nonfinite,
             **support.preprocess_limits(args),
         )
     except ImportError as e:

@@ -304,6 +304,12 @@ def cmd_golden(args: argparse.Namespace) -> int:
     The output folder is checked (writable; no file golden did not write in the way; no golden files of
     another provenance unless `--overwrite`) before the stages are computed."""
     out = support.check_output(args.out, folder=True)
+    with support.output_locked(out, "golden"):
+        return _golden(args, out)
+
+
+def _golden(args: argparse.Namespace, out: Path) -> int:
+    """`cmd_golden` once the output folder is checked and locked."""
     config, weights = support.load_checkpoint_or_fail(args.weights)
     sources = settings = None
     if args.image:

@@ -53,11 +53,11 @@ import numpy as np
 
 from .atomic import write_text
 from .remote import is_remote
-from .weights import INDEX_NAME, is_vision_key
+from .weights import FETCH_FORMAT, INDEX_NAME, is_vision_key
 
 MANIFEST_NAME = "manifest.json"
 PARTS_DIR = ".parts"
-WRITTEN_BY = "moonvit_kernels fetch"
+WRITTEN_BY = FETCH_FORMAT
 CHUNK_BYTES = 64 * 2**20  # the largest request; sizes adapt below it (`ChunkSizer`)
 PIECE_BYTES = 2**16  # bytes handed on from a streaming response at a time
 DEFAULT_TIMEOUT = 60.0  # seconds without data before a request is given up
@@ -598,6 +598,31 @@ def _download(
     return fetched
 
 
+def _fetched_source(out: Path) -> str | None:
+    """The source of the fetch whose files are in `out`, or None: the plan of an unfinished one (a replacement
+    under way), else what the manifest or model.safetensors say."""
+    from .weights import SafetensorsFile
+
+    for path in (out / PARTS_DIR / "plan.json", out / MANIFEST_NAME):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("source"), str):
+            return record["source"]
+    try:
+        return SafetensorsFile(out / "model.safetensors").metadata.get("source")
+    except (OSError, ValueError):
+        return None
+
+
+def _same_source(a: str, b: str) -> bool:
+    """Do two source strings name the same checkpoint (a folder however it is spelled)?"""
+    if is_remote(a) or is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return Path(a).resolve() == Path(b).resolve()
+
+
 def _fetched_here(out: Path) -> bool:
     """Did `fetch` write what is in `out`? Its manifest, its model.safetensors' metadata, or its plan say so."""
     from .weights import SafetensorsFile
@@ -628,9 +653,8 @@ def _foreign_files(out: Path) -> list[Path]:
     return sorted(out / n for n in names if (out / n).exists())
 
 
-def _check_output(source: str | os.PathLike, out: Path, force: bool) -> list[Path]:
-    """Refuse to write into the source folder, or over a checkpoint fetch did not write (unless
-    `force`); returns the files of such a checkpoint that would shadow ours (removed once ours is in)."""
+def _check_place(source: str | os.PathLike, out: Path) -> None:
+    """Refuse to write into the source folder, or where no folder can be made."""
     from .atomic import check_writable
 
     if not is_remote(source) and Path(source).resolve() == out.resolve():
@@ -639,6 +663,20 @@ def _check_output(source: str | os.PathLike, out: Path, force: bool) -> list[Pat
         check_writable(out, folder=True)
     except ValueError as e:
         raise FetchError(one_line(e)) from None
+
+
+def _check_output(source: str | os.PathLike, out: Path, force: bool) -> list[Path]:
+    """Refuse to write over a checkpoint fetch did not write, or over another source's fetch (unless `force`:
+    then that fetch's parts are removed, never resumed); returns the files of a checkpoint fetch did not
+    write that would shadow ours (removed once ours is in)."""
+    earlier = _fetched_source(out) if out.is_dir() else None
+    if earlier is not None and not _same_source(earlier, str(source)):
+        if not force:
+            raise FetchError(
+                f"{out}: holds a fetch of {earlier}, not of {source}: pass --force (force=True) to replace it, "
+                "or choose another --out"
+            )
+        shutil.rmtree(out / PARTS_DIR, ignore_errors=True)  # nothing of the other source is resumed
     present = _foreign_files(out)
     if not present or _fetched_here(out):
         return []
@@ -658,16 +696,38 @@ def fetch(
     chunk_bytes: int = CHUNK_BYTES,
     force: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
+    wait: bool = False,
 ) -> dict[str, Any]:
     """Fetch the vision tensors of `source` into the folder `out` (see the module docstring);
     returns the manifest. Resumes from `out/.parts`; an `out` already complete for the same source,
     revision and shard identities is left as it is. `chunk_bytes` caps a request's size, `timeout`
-    the seconds a request may go without data; `force` replaces a checkpoint fetch did not write."""
-    from tqdm import tqdm
-
-    from .weights import save_tensors
+    the seconds a request may go without data; `force` replaces a checkpoint fetch did not write.
+    One fetch at a time per `out`: another one running is a FetchError naming it (`wait`: waits for it)."""
+    from .output_lock import OutputBusy, output_lock
 
     out = Path(out)
+    _check_place(source, out)  # before the lock, which creates the folder that holds `out`
+    try:
+        with output_lock(out, f"fetch {source}", wait=wait):
+            return _fetch(source, out, revision, progress, chunk_bytes, force, timeout)
+    except OutputBusy as e:
+        raise FetchError(one_line(e)) from None
+
+
+def _fetch(
+    source: str | os.PathLike,
+    out: Path,
+    revision: str | None,
+    progress: bool,
+    chunk_bytes: int,
+    force: bool,
+    timeout: float,
+) -> dict[str, Any]:
+    """`fetch` with the output folder locked."""
+    from tqdm import tqdm
+
+    from .weights import file_state, save_tensors
+
     shadowing = _check_output(source, out, force)
     src = open_source(source, revision, timeout)
     config_text = src.read_text("config.json")
@@ -685,6 +745,8 @@ def fetch(
         same = same and {k: (e.get("byte_range"), e.get("dtype")) for k, e in old.get("tensors", {}).items()} == {
             t.name: ([t.start, t.end], t.dtype) for t in ranges
         }
+        if same and not _intact(out):
+            same = False  # changed since it was written: fetched again (the folder is fetch's own)
         if same:  # already complete: only config, index and headers were read
             return {**old, "bytes_read_this_run": src.bytes_read}
     parts = out / PARTS_DIR
@@ -738,6 +800,7 @@ def fetch(
         path.unlink()
     write_text(out / "config.json", config_text)
     manifest = {
+        "written": {name: file_state(out / name) for name in ("model.safetensors", "config.json")},
         "format": WRITTEN_BY,
         "source": str(source),
         "repo": src.repo,
@@ -754,6 +817,17 @@ def fetch(
     write_text(done, json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(parts)
     return manifest
+
+
+def _intact(out: Path) -> bool:
+    """Does `out` still hold what its manifest records (`weights.check_fetched`)?"""
+    from .weights import check_fetched
+
+    try:
+        check_fetched(out)
+    except (ValueError, OSError):
+        return False
+    return True
 
 
 def _verifiable(files: dict[str, dict[str, Any]]) -> bool:
@@ -774,5 +848,5 @@ def cache_dir(source: str, revision: str | None = None) -> Path:
 def fetch_cached(source: str, revision: str | None = None, progress: bool = False) -> Path:
     """Fetch `source` into its cache folder (resuming or reusing it) and return that folder."""
     out = cache_dir(source, revision)
-    fetch(source, out, revision=revision, progress=progress, force=True)  # the cache folder is ours
+    fetch(source, out, revision=revision, progress=progress, force=True, wait=True)  # the cache folder is ours
     return out

@@ -103,18 +103,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", action="store_true", help="also write one self-contained interactive .html page")
 
 
-def write_pictures(head_dim: int, grid: tuple[int, int], out: Path) -> list[Path]:
-    """The three PNGs (maps at `out`, comb and offset beside it); their paths."""
+ROPE_FORMAT = "moonvit_kernels rope 1"
+
+
+def output_paths(out: Path, html: bool) -> list[Path]:
+    """The files `rope --out OUT` writes: the maps, comb and offset PNGs, and the page with `html`."""
+    pngs = [out, out.with_name(f"{out.stem}_comb.png"), out.with_name(f"{out.stem}_offset.png")]
+    return pngs + ([out.with_suffix(".html")] if html else [])
+
+
+def record_path(out: Path) -> Path:
+    """Where rope records the files it wrote for `--out OUT` (hidden, beside them; `file_sets`)."""
+    return out.with_name(f".{out.stem}.rope.json")
+
+
+def write_pictures(head_dim: int, grid: tuple[int, int], out: Path, staging: Path | None = None) -> list[Path]:
+    """The three PNGs (maps at `out`, comb and offset beside it, or under their names in `staging`); their
+    final paths."""
     from .plots.rope import plot_rope_comb, plot_rope_k3_maps, plot_rope_offset_map  # matplotlib: only when drawing
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    comb, offset = output_paths(out, False)[1:]
     figures = {
         out: plot_rope_k3_maps(head_dim, grid),
-        out.with_name(f"{out.stem}_comb.png"): plot_rope_comb(head_dim, max(grid)),
-        out.with_name(f"{out.stem}_offset.png"): plot_rope_offset_map(head_dim, min(32, max(grid) // 2 or 1)),
+        comb: plot_rope_comb(head_dim, max(grid)),
+        offset: plot_rope_offset_map(head_dim, min(32, max(grid) // 2 or 1)),
     }
     for path, fig in figures.items():
-        fig.savefig(path, dpi=100)
+        fig.savefig(path if staging is None else staging / path.name, dpi=100)
     return list(figures)
 
 
@@ -138,14 +154,36 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix.lower() != ".png":
         raise ValueError(f"--out: the maps are written as PNG, give a .png path (got {out.name!r})")
-    written = write_pictures(head_dim, grid, out)
-    if args.html:
-        page = out.with_suffix(".html")
-        page.write_text(html_page(head_dim, grid, written), encoding="utf-8")
-        written.append(page)
+    from .command_support import output_locked
+
+    with output_locked(out, "rope"):
+        written = _write_owned(head_dim, grid, out, args.html)
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def _write_owned(head_dim: int, grid: tuple[int, int], out: Path, html: bool) -> list[Path]:
+    """Every file staged beside `out`, then all moved in together, replacing only files rope recorded
+    making; ValueError (`file_sets.ForeignFiles`) naming any other in the way, before drawing."""
+    import shutil
+    import tempfile
+
+    from .file_sets import check_owned, replace_set
+
+    paths = output_paths(out, html)
+    check_owned(record_path(out), ROPE_FORMAT, paths)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.stem}-staging-", dir=out.parent))
+    try:
+        write_pictures(head_dim, grid, out, staging)
+        if html:
+            pictures = [staging / p.name for p in paths[:3]]
+            (staging / paths[3].name).write_text(html_page(head_dim, grid, pictures), encoding="utf-8")
+        replace_set(record_path(out), ROPE_FORMAT, {p: staging / p.name for p in paths})
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return paths
 
 
 _PAGE = """<!doctype html>

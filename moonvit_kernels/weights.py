@@ -343,11 +343,12 @@ DIGEST_WINDOW = 4096
 DIGEST_WINDOWS = 16
 
 
-def checkpoint_digest(path: str | os.PathLike) -> str:
+def checkpoint_digest(path: str | os.PathLike, full: bool = False) -> str:
     """sha256 over every vision tensor's name, dtype, shape and bytes: all of its bytes up to
     `DIGEST_WINDOWS`·`DIGEST_WINDOW` (64 KiB), else that many 4 KiB windows spread evenly (first and
     last included). At most 64 KiB read per tensor (~11 MB for K3), independent of paths and times:
-    a copy has the same digest, a checkpoint re-saved in place with other values another one."""
+    a copy has the same digest, a checkpoint re-saved in place with other values another one.
+    With `full`, every byte of every vision tensor (a change between the windows is seen too)."""
     digest = hashlib.sha256()
     handles: dict[Path, Any] = {}
     try:
@@ -355,11 +356,25 @@ def checkpoint_digest(path: str | os.PathLike) -> str:
             if file.path not in handles:
                 handles[file.path] = open(file.path, "rb")
             digest.update(json.dumps([name, file.dtype(name), list(file.shape(name))]).encode())
-            digest.update(_sampled_bytes(handles[file.path], *file.byte_range(name)))
+            start, end = file.byte_range(name)
+            if full:
+                _hash_range(digest, handles[file.path], start, end)
+            else:
+                digest.update(_sampled_bytes(handles[file.path], start, end))
     finally:
         for f in handles.values():
             f.close()
     return digest.hexdigest()
+
+
+def _hash_range(digest: Any, f: Any, start: int, end: int) -> None:
+    f.seek(start)
+    while start < end:
+        piece = f.read(min(2**20, end - start))
+        if not piece:
+            raise ValueError(f"{f.name}: ends inside a tensor (truncated)")
+        digest.update(piece)
+        start += len(piece)
 
 
 def _sampled_bytes(f: Any, start: int, end: int) -> bytes:
@@ -395,7 +410,68 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[VisionConfig, dict[str, np
             "moonvit_kernels.load_checkpoint, which fetches its vision tensors first"
         )
     config = load_config(path)
+    check_fetched(Path(path) if Path(path).is_dir() else Path(path).parent)
     return config, load_weights(path, config)
+
+
+# ============================================================================ a folder `hub.fetch` wrote
+FETCH_MANIFEST = "manifest.json"
+FETCH_FORMAT = "moonvit_kernels fetch"
+
+
+def file_state(path: Path) -> dict[str, Any]:
+    """What `check_fetched` compares: a file's size, mtime (ns) and sha256."""
+    stat = path.stat()
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for piece in iter(lambda: f.read(2**20), b""):
+            digest.update(piece)
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest.hexdigest()}
+
+
+def check_fetched(folder: Path) -> None:
+    """ValueError naming the file when a folder `hub.fetch` wrote (its manifest says so) no longer holds
+    what the manifest records: each written file's size and mtime, else its full sha256 (`written`; a
+    manifest without them: every tensor's sha256). Other folders pass unchecked."""
+    try:
+        manifest = json.loads((folder / FETCH_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return
+    if not isinstance(manifest, dict) or manifest.get("format") != FETCH_FORMAT:
+        return
+    written = manifest.get("written")
+    if isinstance(written, dict) and written:
+        for name, state in written.items():
+            _check_written(folder / name, state)
+    else:
+        _check_tensors(folder / "model.safetensors", manifest.get("tensors") or {})
+
+
+def _check_written(path: Path, state: dict[str, Any]) -> None:
+    changed = f"{path}: changed since fetch wrote it (its sha256 is not the one {FETCH_MANIFEST} records): fetch again"
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing (listed in {FETCH_MANIFEST}): fetch again") from None
+    if stat.st_size != state.get("size"):
+        raise ValueError(changed)
+    if stat.st_mtime_ns != state.get("mtime_ns") and file_state(path)["sha256"] != state.get("sha256"):
+        raise ValueError(changed)
+
+
+def _check_tensors(path: Path, tensors: dict[str, Any]) -> None:
+    file = SafetensorsFile(path)
+    with open(path, "rb") as f:
+        for name, entry in tensors.items():
+            if name not in file:
+                raise ValueError(f"{path}: no tensor {name!r} though {FETCH_MANIFEST} lists it: fetch again")
+            start, end = file.byte_range(name)
+            f.seek(start)
+            if hashlib.sha256(f.read(end - start)).hexdigest() != entry.get("sha256"):
+                raise ValueError(
+                    f"{path}: tensor {name!r} changed since fetch wrote it (not the sha256 {FETCH_MANIFEST} "
+                    "records): fetch again"
+                )
 
 
 # ============================================================================ writing

@@ -688,3 +688,81 @@ def test_broken_checkpoint_files_are_one_error_line(tmp_path, capsys, command, s
         assert rc == 2
         line = error_line(capsys)
         assert reason in line and str(tmp_path / ck) in line
+
+
+# ============================================================================ one run per output (issue 31)
+@pytest.mark.parametrize(
+    "command, out_name",
+    [
+        (["fetch", str(TINY)], "fetched"),
+        (["encode", "IMAGE", "--backend", "numpy"], "emb.npz"),
+        (["encode-dataset", "IMAGES"], "dataset"),
+        (["golden"], "golden"),
+        (["demo"], "demo"),
+        (["rope"], "rope.png"),
+    ],
+)
+def test_a_second_run_into_the_same_output_is_refused_naming_the_first(
+    tmp_path, capsys, small_image, command, out_name, no_compute
+):
+    from moonvit_kernels.output_lock import output_lock
+
+    out = tmp_path / out_name
+    args = [str(small_image) if a == "IMAGE" else str(small_image.parent) if a == "IMAGES" else a for a in command]
+    before = snapshot(tmp_path)
+    with output_lock(out, "the first run"):
+        assert cli.main([*args, "--out", str(out)]) == 2
+    line = error_line(capsys)
+    assert f"{out}: in use by another run (pid {os.getpid()}, `the first run`, started " in line
+    assert snapshot(tmp_path) == before  # nothing written, the lock file gone
+
+
+def test_encode_refuses_a_nonfinite_embedding_naming_the_image_and_stage(tmp_path, small_image, capsys):
+    config, weights = load_checkpoint(TINY)
+    huge = {
+        k: (np.full_like(v, 3e38) if k == "vision_tower.patch_embed.proj.weight" else v) for k, v in weights.items()
+    }
+    save_checkpoint(tmp_path / "ckpt", huge, config, dtype="float32")
+    out = tmp_path / "emb.npz"
+    args = ["encode", str(small_image), "--weights", str(tmp_path / "ckpt"), "--backend", "numpy", "--out", str(out)]
+    assert cli.main([*args, "--quiet"]) == 2
+    line = error_line(capsys)
+    assert f"{small_image}: the embedding holds NaN or Inf (first at stage patch_embed)" in line
+    assert not out.exists()
+    assert cli.main([*args, "--quiet", "--allow-nonfinite"]) == 0
+    with np.load(out) as data:
+        assert not np.isfinite(data["image_0"]).any()
+
+
+def test_demo_never_replaces_pictures_it_did_not_write(tmp_path, capsys):
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "05_attention_mask.png").write_bytes(b"my own picture")
+    before = snapshot(out)
+    assert cli.main(["demo", "--out", str(out), "--in-patch-limit", "64"]) == 2
+    assert "holds 05_attention_mask.png that this command did not write" in error_line(capsys)
+    assert snapshot(out) == before
+    (out / "05_attention_mask.png").unlink()
+    assert cli.main(["demo", "--out", str(out), "--in-patch-limit", "64"]) == 0
+    assert cli.main(["demo", "--out", str(out), "--in-patch-limit", "64"]) == 0  # its own pictures: replaced
+    assert sorted(p.name for p in out.iterdir()) == sorted([*demo.DEMO_FILES, demo.DEMO_RECORD])
+
+
+def test_rope_never_replaces_files_it_did_not_write(tmp_path, capsys):
+    out = tmp_path / "rope.png"
+    (tmp_path / "rope_comb.png").write_bytes(b"mine")
+    (tmp_path / "rope.html").write_text("my page")
+    before = snapshot(tmp_path)
+    for extra in ([], ["--html"]):
+        assert cli.main(["rope", "--head-dim", "8", "--grid", "4x4", "--out", str(out), *extra]) == 2
+        assert "rope_comb.png that this command did not write" in error_line(capsys)
+        assert snapshot(tmp_path) == before
+    (tmp_path / "rope_comb.png").unlink()
+    assert cli.main(["rope", "--head-dim", "8", "--grid", "4x4", "--out", str(out)]) == 0  # the page is not its
+    assert (tmp_path / "rope.html").read_text() == "my page"
+    assert cli.main(["rope", "--head-dim", "8", "--grid", "4x4", "--out", str(out), "--html"]) == 2
+    (tmp_path / "rope.html").unlink()
+    assert cli.main(["rope", "--head-dim", "8", "--grid", "4x4", "--out", str(out), "--html"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".rope.rope.json", "rope.html", "rope.png", "rope_comb.png", "rope_offset.png"
+    ]  # fmt: skip

@@ -280,7 +280,8 @@ def test_a_shard_made_with_other_settings_is_redone(tmp_path):
     dataset.write_shard(tmp_path, shard, [row, {**row, "index": 1, "id": "img1", "error": "bad"}], 40)
     assert dataset.shard_is_done(tmp_path, shard) and not dataset.shard_is_done(tmp_path, other)
     assert json.loads((tmp_path / "shard-00000.errors.jsonl").read_text())["reason"] == "bad"
-    np.testing.assert_array_equal(dataset.read_embeddings(tmp_path)["img0"], np.arange(40).reshape(1, 40))
+    with pytest.raises(ValueError, match=r"manifest\.json: missing, or not of the run provenance\.json describes"):
+        dataset.read_embeddings(tmp_path)  # shards without the manifest of a finished run
 
 
 def test_missing_ray_says_how_to_install(monkeypatch):
@@ -374,7 +375,7 @@ def test_reading_a_folder_checks_its_provenance(images, tmp_path, no_ray):
     stranger = tmp_path / "stranger"
     encode(images, stranger, rows_per_shard=8, in_patch_limit=64)
     (out / "shard-00001.parquet").write_bytes((stranger / "shard-00001.parquet").read_bytes())
-    with pytest.raises(ValueError, match=r"shard-00001\.parquet: made with other settings than .*provenance\.json"):
+    with pytest.raises(ValueError, match=r"shard-00001\.parquet: altered since it was written"):
         dataset.read_embeddings(out)
     (out / "provenance.json").unlink()
     with pytest.raises(ValueError, match=r"no provenance\.json"):
@@ -485,3 +486,93 @@ def test_a_one_cpu_local_ray_makes_progress(images, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "4 images: 4 encoded, 0 unreadable" in r.stdout
+
+
+# ============================================================================ outputs verified where reused (issue 31)
+def copy_images(images, folder):
+    folder.mkdir()
+    for p in sorted(images.iterdir()):
+        (folder / p.name).write_bytes(p.read_bytes())
+    return folder
+
+
+def test_a_resume_after_pictures_were_replaced_redoes_their_shards(images, tmp_path, no_ray):
+    pictures = copy_images(images, tmp_path / "pictures")
+    out = tmp_path / "out"
+    encode(pictures, out, rows_per_shard=8)
+    (pictures / "02.png").write_bytes((pictures / "04.png").read_bytes())  # same name, other picture
+    summary = encode(pictures, out, rows_per_shard=8)
+    assert (summary.written_shards, summary.skipped_shards) == (1, 3)  # shard 0, holding 02.png, redone
+    assert len(dataset.read_embeddings(out)) == N_IMAGES
+
+
+def test_a_checkpoint_changed_between_the_digest_windows_is_another_provenance(images, tmp_path, no_ray):
+    from moonvit_kernels.weights import DIGEST_WINDOW, DIGEST_WINDOWS, SafetensorsFile, random_weights, save_checkpoint
+
+    config = CONFIG.replace(vt_intermediate_size=1024)  # fc0: 1024 x 32 float32, 128 KiB
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(ckpt, random_weights(config, seed=1), config, dtype="float32")
+    out = tmp_path / "out"
+    encode(images, out, weights=ckpt, rows_per_shard=8)
+    path = ckpt / "model.safetensors"
+    file = SafetensorsFile(path)
+    name = max(file.keys(), key=lambda k: file.byte_range(k)[1] - file.byte_range(k)[0])
+    start, end = file.byte_range(name)
+    assert end - start > DIGEST_WINDOWS * DIGEST_WINDOW
+    step = (end - start - DIGEST_WINDOW) / (DIGEST_WINDOWS - 1)
+    between = start + round(step / 2) + DIGEST_WINDOW // 2  # inside no sampled window
+    data = bytearray(path.read_bytes())
+    data[between : between + 4] = np.float32(0.5).tobytes()
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"made with another checkpoint"):
+        encode(images, out, weights=ckpt, rows_per_shard=8)
+
+
+def test_read_embeddings_refuses_missing_or_altered_shards(images, tmp_path, no_ray):
+    out = tmp_path / "out"
+    encode(images, out, rows_per_shard=8)
+    shard = out / "shard-00002.parquet"
+    good = shard.read_bytes()
+    shard.unlink()
+    with pytest.raises(ValueError, match=r"shard-00002\.parquet: missing \(listed in manifest\.json\)"):
+        dataset.read_embeddings(out)
+    flipped = bytearray(good)
+    flipped[len(flipped) // 2] ^= 0x10  # one bit, inside the embeddings
+    shard.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match=r"shard-00002\.parquet: altered since it was written"):
+        dataset.read_embeddings(out)
+    summary = encode(images, out, rows_per_shard=8)  # a resume redoes the altered shard
+    assert (summary.written_shards, summary.skipped_shards) == (1, 3)
+    assert len(dataset.read_embeddings(out)) == N_IMAGES
+
+
+def test_files_of_its_names_it_did_not_write_are_never_touched(images, tmp_path, no_ray):
+    out = tmp_path / "out"
+    encode(images, out, rows_per_shard=8)
+    for name, text in (("manifest.json", '{"format": "someone else"}\n'), ("errors.jsonl", "a log of mine\n")):
+        (out / name).write_text(text)
+        before = (out / name).read_bytes()
+        for overwrite in (False, True):
+            with pytest.raises(ValueError, match=rf"holds {name} that encode-dataset did not write"):
+                encode(images, out, rows_per_shard=3, overwrite=overwrite)
+        assert (out / name).read_bytes() == before
+        (out / name).unlink()
+
+
+def test_a_nonfinite_embedding_is_an_error_row_unless_allowed(images, tmp_path):
+    from moonvit_kernels.weights import save_checkpoint
+
+    config, weights = load_checkpoint(TINY_DIR)
+    weights["vision_tower.patch_embed.proj.weight"] = np.full_like(
+        weights["vision_tower.patch_embed.proj.weight"], 3e38
+    )
+    save_checkpoint(tmp_path / "huge", weights, config, dtype="float32")
+    row = dataset.decode_row(
+        {"shard": 0, "index": 0, "id": "00.png", "path": str(images / "00.png"), "data": b""}, config
+    )
+    batch = {k: np.array([row[k]], dtype=object) for k in row}
+    out = dataset.Encoder(str(tmp_path / "huge"), "numpy", batch_tokens=10**6)(batch)
+    assert out["error"][0] == "encode failed: the embedding holds NaN or Inf (allow_nonfinite keeps it)"
+    assert out["embedding"][0] == b""
+    kept = dataset.Encoder(str(tmp_path / "huge"), "numpy", batch_tokens=10**6, allow_nonfinite=True)(batch)
+    assert kept["error"][0] == "" and not np.isfinite(np.frombuffer(kept["embedding"][0], np.float32)).any()

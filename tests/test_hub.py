@@ -307,7 +307,10 @@ def test_parts_of_another_source_are_not_reused(checkpoint, server, tmp_path):
     assert any((tmp_path / "v" / hub.PARTS_DIR).glob("*.part"))
     wts = W.random_weights(CFG, seed=13)
     W.save_checkpoint(tmp_path / "other", wts, CFG, dtype="float32")
-    manifest = hub.fetch(str(tmp_path / "other"), tmp_path / "v", progress=False)
+    with pytest.raises(hub.FetchError, match=f"holds a fetch of {server.url}, not of"):
+        hub.fetch(str(tmp_path / "other"), tmp_path / "v", progress=False)
+    assert any((tmp_path / "v" / hub.PARTS_DIR).glob("*.part"))  # refused: nothing touched
+    manifest = hub.fetch(str(tmp_path / "other"), tmp_path / "v", progress=False, force=True)
     assert manifest["vision_bytes_fetched_this_run"] == manifest["vision_bytes"]  # nothing reused
     _, got = W.load_checkpoint(tmp_path / "v")
     for k, v in wts.items():
@@ -655,9 +658,9 @@ def test_a_full_disk_keeps_the_earlier_fetch(small, tmp_path):
     largest = 4 * max(v.size for v in new.values())
     assert len(before["model.safetensors"]) > largest + 4096
     with pytest.raises(OSError, match="model.safetensors"), file_size_limit(largest + 4096):
-        hub.fetch(str(other), out, progress=False)  # the parts fit, the new checkpoint file does not
+        hub.fetch(str(other), out, progress=False, force=True)  # the parts fit, the new checkpoint file does not
     assert top_files(out) == before
-    again = hub.fetch(str(other), out, progress=False)
+    again = hub.fetch(str(other), out, progress=False)  # the replacement under way resumes
     assert again["vision_bytes_fetched_this_run"] == 0  # every part was complete and verified
     same_weights(loaded(out), new)
 
@@ -688,3 +691,67 @@ def test_info_on_a_server_without_range_support_names_the_url(small, capsys):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+# ============================================================================ outputs verified where reused (issue 31)
+def test_a_fetch_of_another_source_into_the_same_folder_is_refused(small, tmp_path, capsys):
+    root, srv, wts = small
+    other = tmp_path / "other"
+    other_wts = W.random_weights(CFG, seed=77)
+    W.save_checkpoint(other, other_wts, CFG, dtype="float32")
+    out = tmp_path / "v"
+    hub.fetch(srv.url, out, progress=False)
+    before = top_files(out)
+    assert cli.main(["fetch", str(other), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"holds a fetch of {srv.url}, not of {other}: pass --force" in err[0]
+    assert top_files(out) == before
+    manifest = hub.fetch(str(other), out, progress=False, force=True)
+    assert manifest["source"] == str(other) and manifest["vision_bytes_fetched_this_run"] == manifest["vision_bytes"]
+    same_weights(loaded(out), other_wts)  # every tensor the second source's
+
+
+def test_a_fetched_checkpoint_changed_on_disk_is_caught_and_fetched_again(small, tmp_path, capsys):
+    root, srv, wts = small
+    out = tmp_path / "v"
+    first = hub.fetch(srv.url, out, progress=False)
+    path = out / "model.safetensors"
+    name = "vision_tower.patch_embed.proj.weight"
+    start, _ = W.SafetensorsFile(path).byte_range(name)
+    data = bytearray(path.read_bytes())
+    data[start : start + 4] = np.float32(123.0).tobytes()  # same size, another value
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"model\.safetensors: changed since fetch wrote it .*fetch again"):
+        W.load_checkpoint(out)
+    encode = ["encode", str(small_png(tmp_path)), "--weights", str(out), "--out", str(tmp_path / "e.npz"), "--quiet"]
+    assert cli.main(encode) == 2
+    assert "changed since fetch wrote it" in capsys.readouterr().err
+    again = hub.fetch(srv.url, out, progress=False)
+    assert again["vision_bytes_fetched_this_run"] == first["vision_bytes"]
+    assert again["tensors"] == first["tensors"]
+    same_weights(loaded(out), wts)
+
+
+def test_an_old_manifest_without_file_states_checks_every_tensor(small, tmp_path):
+    root, srv, wts = small
+    out = tmp_path / "v"
+    hub.fetch(srv.url, out, progress=False)
+    manifest = json.loads((out / hub.MANIFEST_NAME).read_text())
+    del manifest["written"]
+    (out / hub.MANIFEST_NAME).write_text(json.dumps(manifest))
+    same_weights(loaded(out), wts)
+    path = out / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # one flipped bit in the last tensor
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"tensor '.*' changed since fetch wrote it"):
+        W.load_checkpoint(out)
+
+
+def small_png(folder: Path) -> Path:
+    """An 8x8 grey picture in `folder`."""
+    from PIL import Image
+
+    path = folder / "small.png"
+    Image.fromarray(np.full((8, 8, 3), 100, dtype=np.uint8)).save(path)
+    return path

@@ -153,7 +153,7 @@ def test_rope_command_writes_the_pictures_and_one_self_contained_page(tmp_path, 
     out = tmp_path / "pics" / "rope.png"
     assert cli.main(["rope", "--head-dim", "32", "--grid", "12x20", "--out", str(out), "--html"]) == 0
     names = sorted(p.name for p in out.parent.iterdir())
-    assert names == ["rope.html", "rope.png", "rope_comb.png", "rope_offset.png"]
+    assert names == [".rope.rope.json", "rope.html", "rope.png", "rope_comb.png", "rope_offset.png"]  # and its record
     page = (out.parent / "rope.html").read_text(encoding="utf-8")
     assert page.count("data:image/png;base64,") == 3 and "http" not in page and "<script src" not in page
     assert '"headDim": 32' in page and '"rows": 12, "cols": 20' in page
