@@ -162,8 +162,10 @@ class PerHeadDim:
 
 
 # ============================================================================ numba
-# Registers per thread ptxas reports, per compiler: the largest over sm_80, sm_89 and sm_90 and over nvJitLink
-# 13.0 (the target tier: what a driver-580 machine has) and 13.5 (the main venv). Regenerate with
+# Registers per thread ptxas reports, per compiler: the largest over REGISTER_ARCHES and REGISTER_NVJITLINKS (13.0:
+# the target tier, what a driver-580 machine has; 13.5: the main venv). The compile tiers check the toolchain they
+# have: it must be one of these, no kernel may use more than its number, and none may sit more than
+# REGISTER_SPREAD below it (a placeholder). Regenerate with
 #     MOONVIT_NUMBA_COMPILER=numba-cuda-mlir python -m moonvit_kernels.numba_backend.compile_check --json --arch sm_80
 #     (and sm_89, sm_90; `--compiler each` builds with every installed compiler)
 # The compile tier fails when a compiler reports more than its number or a compiled kernel lacks one; a number
@@ -172,6 +174,19 @@ class PerHeadDim:
 # unrolled k-loop keeps a pointer per load), merge, bilinear pos_emb (its own schedule; no spills); below it for
 # bicubic pos_emb and attention v2.
 NC, MLIR = COMPILERS
+REGISTER_ARCHES = ("sm_80", "sm_89", "sm_90")
+REGISTER_NVJITLINKS = ("13.0", "13.5")
+# Which toolchains produced each compiler's numbers. numba-cuda's were re-measured with both nvJitLinks on every arch
+# on 2026-12-04 and equal the max of those 6 builds for every kernel; CI measures them again (main venv: 13.5,
+# sm_90; target tier: 13.0, sm_80 and sm_90). numba-cuda-mlir's come from its 0.6 builds, and CI cannot re-measure
+# them (the GPU image has no numba-cuda-mlir): `pip install -e ".[compile,mlir]"` then
+# `python -m moonvit_kernels.numba_backend.compile_check --compiler each --arch ARCH` for each of REGISTER_ARCHES.
+REGISTERS_MEASURED_WITH = {
+    NC: "numba-cuda 0.30 with nvJitLink 13.0 and 13.5 on sm_80, sm_89, sm_90 (checked in CI)",
+    MLIR: "numba-cuda-mlir 0.6 with nvJitLink 13.0 and 13.5 on sm_80, sm_89, sm_90 (not measurable in CI)",
+}
+# The widest measured gap between one build (toolchain, arch) and a kernel's number: gemm v3, 72 on sm_89 vs 96
+REGISTER_SPREAD = 24
 _NUMBA_GEMM_EPILOGUES = ("none", "gelu_tanh", "gelu_erf", "residual")  # numba_backend.gemm.EPILOGUES
 # version: (tile_m, tile_n of the shared loads (gemm.TILES), threads per block, {compiler: registers}, trace M, N, K)
 _NUMBA_GEMM = {

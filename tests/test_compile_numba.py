@@ -174,10 +174,25 @@ def test_sass_budgets_and_register_table_can_fail():
     assert register_table_problems([ok]) == []
     over = KernelReport(**{**ok.__dict__, "registers": 97})
     unknown = KernelReport(**{**ok.__dict__, "kernel": "gemm_v9_none"})
-    assert register_table_problems([over, unknown]) == [
+    placeholder = KernelReport(**{**ok.__dict__, "registers": 96 - 25})  # a table number no build produced
+    assert register_table_problems([over, unknown, placeholder]) == [
         "numba-cuda-mlir: gemm_v3_none uses 97 registers, the table holds 96: regenerate it",
         "numba-cuda-mlir: gemm_v9_none has no registry entry with its registers (moonvit_kernels/registry.py)",
+        "numba-cuda-mlir: gemm_v3_none uses 71 registers, the table holds 96, more than 24 above any measured build: "
+        "measure it (registry.REGISTERS_MEASURED_WITH)",
     ]
+    assert register_table_problems([KernelReport(**{**ok.__dict__, "registers": 96 - 24})]) == []
+
+
+def test_the_register_numbers_were_measured_with_this_toolchain():
+    """The compile tier checks the toolchain it has: the registry's numbers name the nvJitLinks they were measured
+    with (registry.REGISTERS_MEASURED_WITH), and this environment's must be one of them."""
+    from moonvit_kernels.numba_backend.compile_check import toolchain_problem
+
+    problem = toolchain_problem()
+    if problem == "nvJitLink is not installed":
+        pytest.skip("the compile tier needs nvJitLink (pip install -e '.[compile]')")
+    assert problem is None, problem
 
 
 def test_compiler_choice_from_the_environment(monkeypatch):

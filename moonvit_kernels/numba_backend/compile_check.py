@@ -407,8 +407,10 @@ def format_table(reports: Sequence[KernelReport], cc: tuple[int, int] = TARGET_C
 
 
 def register_table_problems(reports: Sequence[KernelReport]) -> list[str]:
-    """Kernels missing from their compiler's register table (`registers.registers_for`, from the registry), or
-    above it (the launch checks read it)."""
+    """Kernels missing from their compiler's register table (`registers.registers_for`, from the registry), above
+    it (the launch checks read it), or more than `registry.REGISTER_SPREAD` below it (a number no build of the
+    listed toolchains produced: a placeholder)."""
+    from .. import registry
     from .registers import registers_for
 
     out = []
@@ -425,7 +427,29 @@ def register_table_problems(reports: Sequence[KernelReport]) -> list[str]:
             out.append(
                 f"{r.compiler}: {r.kernel} uses {r.registers} registers, the table holds {stored}: regenerate it"
             )
+        elif stored - r.registers > registry.REGISTER_SPREAD:
+            out.append(
+                f"{r.compiler}: {r.kernel} uses {r.registers} registers, the table holds {stored}, more than "
+                f"{registry.REGISTER_SPREAD} above any measured build: measure it (registry.REGISTERS_MEASURED_WITH)"
+            )
     return out
+
+
+def toolchain_problem() -> str | None:
+    """None when this process's nvJitLink is one the registry's register numbers were measured with, else why."""
+    from .. import registry
+    from .nvvm import nvjitlink_version
+
+    found = nvjitlink_version()
+    if found is None:
+        return "nvJitLink is not installed"
+    have = f"{found[0]}.{found[1]}"
+    if have not in registry.REGISTER_NVJITLINKS:
+        return (
+            f"the registry's register numbers were measured with nvJitLink {', '.join(registry.REGISTER_NVJITLINKS)}, "
+            f"this is {have}: measure every kernel with it and add it to registry.REGISTER_NVJITLINKS"
+        )
+    return None
 
 
 # ============================================================================ one process per compiler
