@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import re
 
 import pytest
 
@@ -89,14 +90,14 @@ def test_a_folder_others_can_write_or_own_is_never_read(cache, monkeypatch):
     assert compile_cache.load(name) is not None
     assert cache.stat().st_mode & 0o777 == 0o700
     cache.chmod(0o777)
-    with pytest.warns(RuntimeWarning, match=f"{cache} is open to others .* Fix: remove it"):
+    with pytest.warns(RuntimeWarning, match=f"{re.escape(str(cache))} is open to others .* Fix: remove it"):
         assert compile_cache.load(name) is None
     with pytest.warns(RuntimeWarning, match="open to others"):
         compile_cache.store(compile_cache.key("t", ["y"]), {}, b"planted")
     assert not any(p.name == compile_cache.key("t", ["y"]) for p in cache.iterdir())
     cache.chmod(0o700)
     monkeypatch.setattr(os, "getuid", lambda: real_uid + 1)  # the folder belongs to somebody else
-    with pytest.warns(RuntimeWarning, match=f"{cache} belongs to user id {real_uid}"):
+    with pytest.warns(RuntimeWarning, match=f"{re.escape(str(cache))} belongs to user id {real_uid}"):
         assert compile_cache.load(name) is None
 
 
@@ -112,5 +113,5 @@ def test_the_emulator_refuses_a_library_folder_others_can_write(tmp_path, monkey
     assert lib.is_relative_to(tmp_path / "moonvit_kernels" / "emulator")
     assert build.build_library(files, "unit.cpp", standins=("prelude.h", "cuda_bf16.h"), tag="owner_check") == lib
     lib.parent.chmod(0o777)
-    with pytest.raises(private_dirs.UnsafeFolder, match=f"{lib.parent} is open to others .*Fix: remove it"):
+    with pytest.raises(private_dirs.UnsafeFolder, match=re.escape(str(lib.parent)) + " is open to others .*Fix"):
         build.build_library(files, "unit.cpp", standins=("prelude.h", "cuda_bf16.h"), tag="owner_check")
