@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ from moonvit_kernels import compile_cache, private_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ("useradd", "userdel")
+ATTACKER_PATH = "/usr/bin:/bin"
 TINY = {"unit.cpp": 'extern "C" int answer() { return 42; }\n'}
 STANDINS = ("prelude.h", "cuda_bf16.h")
 EVIL = (  # the attacker's library: its constructor leaves a mark where $MVK_MARKER says
@@ -51,13 +53,28 @@ class Attacker:
 
     def _args(self, script: str) -> dict:
         return dict(args=["sh", "-c", script], user=self.uid, group=self.gid, extra_groups=[], cwd="/",
-                    env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+                    env={"PATH": ATTACKER_PATH})  # fmt: skip
 
     def run(self, script: str) -> None:
         subprocess.run(**self._args(script), check=True, timeout=60)
 
-    def start(self, script: str) -> subprocess.Popen:
-        return subprocess.Popen(**self._args(script))
+    def flip(self, link: Path, one: Path, other: Path) -> subprocess.Popen:
+        """Start pointing `link` at `one` and `other` in turn, each swap atomic (a new link renamed over it), as
+        fast as the system's Python goes (else `ln` in a shell loop); `stop` it."""
+        spare = link.with_name(link.name + ".next")
+        code = (f"import os\nwhile True:\n    for t in ({str(one)!r}, {str(other)!r}):\n"
+                f"        os.symlink(t, {str(spare)!r}); os.replace({str(spare)!r}, {str(link)!r})\n")  # fmt: skip
+        python = shutil.which("python3", path=ATTACKER_PATH)  # one the attacker can run (not a venv under /root)
+        args = self._args(f"while :; do ln -sfn '{one}' '{link}'; ln -sfn '{other}' '{link}'; done")
+        if python:
+            args["args"] = [python, "-I", "-c", code]
+        return subprocess.Popen(**args, start_new_session=True, stderr=subprocess.DEVNULL)
+
+    @staticmethod
+    def stop(flipper: subprocess.Popen) -> None:
+        """End the flipper and everything it started (an `ln` left running would make a link after cleanup)."""
+        os.killpg(flipper.pid, signal.SIGKILL)
+        flipper.wait()
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +186,7 @@ def test_flipping_a_link_never_serves_the_attackers_cubin(attacker, shared, tmp_
     mine = own_private_folder(tmp_path)
     (mine / "compile").mkdir(mode=0o700)
     (mine / "compile" / name).write_bytes(entry_bytes({"log": "mine"}, b"victim's cubin"))
-    flipper = attacker.start(f"while :; do ln -sfn '{mine}' '{root}'; ln -sfn '{theirs}' '{root}'; done")
+    flipper = attacker.flip(root, mine, theirs)
     got, end = [], time.monotonic() + 1.5
     try:
         with warnings.catch_warnings():
@@ -177,8 +194,7 @@ def test_flipping_a_link_never_serves_the_attackers_cubin(attacker, shared, tmp_
             while time.monotonic() < end:
                 got.append(compile_cache.load(name))
     finally:
-        flipper.kill()
-        flipper.wait()
+        attacker.stop(flipper)
     assert len(got) > 100 and all(g is None for g in got), [g for g in got if g is not None][:1]
 
 
@@ -217,13 +233,11 @@ def test_flipping_a_link_never_loads_the_attackers_library(attacker, shared, tmp
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MVK_MARKER": str(marker), "TMPDIR": str(shared),
            "XDG_CACHE_HOME": os.environ["XDG_CACHE_HOME"]}  # fmt: skip
-    flipper = attacker.start(f"while :; do ln -sfn '{mine}' '{victim_root(shared)}'; "
-                             f"ln -sfn '{theirs}' '{victim_root(shared)}'; done")  # fmt: skip
+    flipper = attacker.flip(victim_root(shared), mine, theirs)
     try:
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     finally:
-        flipper.kill()
-        flipper.wait()
+        attacker.stop(flipper)
     assert not marker.exists(), "the attacker's library constructor ran in the victim's process"
     assert r.returncode == 0 and "666" not in r.stdout, r.stdout + r.stderr[-2000:]
 
