@@ -56,7 +56,7 @@ def private_folder() -> Path | None:
         where = folder()
         return None if where is None else private_dirs.verified(where, private_from=where)
     except private_dirs.UnsafeFolder as e:
-        warnings.warn(f"the compile cache is not used: {e}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"the compile cache is not used ({ENV_VAR}=off silences this): {e}", RuntimeWarning, stacklevel=3)
         return None
 
 
