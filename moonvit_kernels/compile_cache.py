@@ -10,11 +10,13 @@ again and again; a kernel compiles once per key:
                                          numba-cuda-mlir, llvmlite and nvJitLink, the architecture, and a
                                          digest of every Python file of this package (any edit recompiles)
 
-An entry is one file: a JSON header (the report or the log and mangled names) and the cubin's bytes, written
-to a temporary name and renamed, so a reader never sees half of one. Failed compiles are not stored.
-The folder is `$MOONVIT_COMPILE_CACHE`, else `<temp dir>/moonvit_compile_cache-<user id>`;
+An entry is one file: the sha256 of the rest, a JSON header (the report or the log and mangled names) and the
+cubin's bytes, written to a temporary name and renamed, so a reader never sees half of one; an entry whose digest
+does not match (truncated, altered) is a miss and compiles again. Failed compiles are not stored.
+The folder is `$MOONVIT_COMPILE_CACHE`, else `compile/` in the per-user root of `private_dirs`;
 `MOONVIT_COMPILE_CACHE=off` turns the cache off. The launchers load what it holds onto the GPU, so a folder
-that is not this user's own, or that others may write, is never read (`private_folder`).
+that another user could write, swap or own is never read nor written (`private_dirs.verified`; a warning names
+it and the fix).
 """
 
 from __future__ import annotations
@@ -25,40 +27,37 @@ import json
 import os
 import struct
 import tempfile
+import warnings
 from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from . import private_dirs
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 ENV_VAR = "MOONVIT_COMPILE_CACHE"
 _HEADER = struct.Struct("<Q")  # the JSON header's length in bytes
+_DIGEST = hashlib.sha256().digest_size
 
 
 def folder() -> Path | None:
-    """Where entries live, or None when the cache is off."""
+    """Where entries live (not checked; `private_folder` checks it), or None when the cache is off."""
     where = os.environ.get(ENV_VAR, "")
     if where.lower() == "off":
         return None
-    return Path(where) if where else Path(tempfile.gettempdir()) / f"moonvit_compile_cache-{_uid()}"
+    return Path(where) if where else private_dirs.root() / "compile"
 
 
-def _uid() -> int | str:
-    return os.getuid() if hasattr(os, "getuid") else "user"
-
-
-def private_folder(path: Path) -> bool:
-    """Create folder `path` (mode 0700) when missing; True when it is owned by this user and nobody else may
-    write in it (always True where the OS has no user ids). Code loaded from a shared temp dir would otherwise
-    be whatever another user left there."""
+def private_folder() -> Path | None:
+    """`folder()` once every component of it is checked (`private_dirs.verified`; created, mode 0700, when
+    missing); None when the cache is off or the folder is unsafe (a warning names it and the fix)."""
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = path.stat()
-    except OSError:
-        return False
-    if not hasattr(os, "getuid"):
-        return True
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+        where = folder()
+        return None if where is None else private_dirs.verified(where, private_from=where)
+    except private_dirs.UnsafeFolder as e:
+        warnings.warn(f"the compile cache is not used ({ENV_VAR}=off silences this): {e}", RuntimeWarning, stacklevel=3)
+        return None
 
 
 def key(kind: str, parts: Iterable[Any]) -> str:
@@ -92,29 +91,35 @@ def versions(*dists: str) -> tuple[tuple[str, str], ...]:
 
 
 def load(name: str) -> tuple[dict, bytes] | None:
-    """The entry `name` (a `key`): (JSON header, cubin bytes), or None when absent, unreadable or off."""
-    root = folder()
-    if root is None or not private_folder(root):
+    """The entry `name` (a `key`): (JSON header, cubin bytes), or None when absent, damaged, unsafe or off."""
+    root = private_folder()
+    if root is None:
         return None
     try:
-        data = (root / name).read_bytes()
-        (n,) = _HEADER.unpack_from(data)
-        header = json.loads(data[_HEADER.size : _HEADER.size + n])
-        return header, data[_HEADER.size + n :]
-    except (OSError, ValueError, struct.error):
+        data = private_dirs.read_file(root / name)
+    except OSError:
+        return None
+    digest, body = data[:_DIGEST], data[_DIGEST:]
+    if hashlib.sha256(body).digest() != digest:
+        return None
+    try:
+        (n,) = _HEADER.unpack_from(body)
+        return json.loads(body[_HEADER.size : _HEADER.size + n]), body[_HEADER.size + n :]
+    except (ValueError, struct.error):
         return None
 
 
 def store(name: str, header: dict, cubin: bytes) -> None:
     """Write the entry `name` (atomically; a full disk or a read-only folder only costs the next compile)."""
-    root = folder()
-    if root is None or not private_folder(root):
+    root = private_folder()
+    if root is None:
         return
     text = json.dumps(header).encode()
+    body = _HEADER.pack(len(text)) + text + cubin
     try:
         fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{name}.")
         with os.fdopen(fd, "wb") as f:
-            f.write(_HEADER.pack(len(text)) + text + cubin)
+            f.write(hashlib.sha256(body).digest() + body)
         os.replace(tmp, root / name)
     except OSError:
         pass

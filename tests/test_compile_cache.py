@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import re
 
 import pytest
 
@@ -23,6 +24,11 @@ def test_entries_round_trip_and_a_damaged_one_is_a_miss(cache, monkeypatch):
     compile_cache.store(name, {"log": "ptxas info", "lowered": {"k<1>": "_Z1kILi1EEvv"}}, b"\x7fELF\x00cubin")
     assert compile_cache.load(name) == ({"log": "ptxas info", "lowered": {"k<1>": "_Z1kILi1EEvv"}}, b"\x7fELF\x00cubin")
     (cache / name).write_bytes(b"\x05")  # truncated
+    assert compile_cache.load(name) is None
+    compile_cache.store(name, {"log": ""}, b"\x7fELF\x00cubin")
+    data = bytearray((cache / name).read_bytes())
+    data[-1] ^= 1  # one bit of the cubin altered: its digest no longer matches
+    (cache / name).write_bytes(bytes(data))
     assert compile_cache.load(name) is None
     assert compile_cache.key("t", ["text"]) != compile_cache.key("t", ["text "]) != compile_cache.key("u", ["text"])
     monkeypatch.setenv(compile_cache.ENV_VAR, "off")
@@ -84,23 +90,28 @@ def test_a_folder_others_can_write_or_own_is_never_read(cache, monkeypatch):
     assert compile_cache.load(name) is not None
     assert cache.stat().st_mode & 0o777 == 0o700
     cache.chmod(0o777)
-    assert compile_cache.load(name) is None
-    compile_cache.store(compile_cache.key("t", ["y"]), {}, b"planted")
+    with pytest.warns(RuntimeWarning, match=f"{re.escape(str(cache))} is open to others .* Fix: remove it"):
+        assert compile_cache.load(name) is None
+    with pytest.warns(RuntimeWarning, match="open to others"):
+        compile_cache.store(compile_cache.key("t", ["y"]), {}, b"planted")
     assert not any(p.name == compile_cache.key("t", ["y"]) for p in cache.iterdir())
     cache.chmod(0o700)
     monkeypatch.setattr(os, "getuid", lambda: real_uid + 1)  # the folder belongs to somebody else
-    assert compile_cache.load(name) is None
+    with pytest.warns(RuntimeWarning, match=f"{re.escape(str(cache))} belongs to user id {real_uid}"):
+        assert compile_cache.load(name) is None
 
 
 def test_the_emulator_refuses_a_library_folder_others_can_write(tmp_path, monkeypatch):
+    from moonvit_kernels import private_dirs
     from moonvit_kernels.cuda_backend.emulation import build
 
     if build.compiler() is None:
         pytest.skip("no C++ compiler")
-    monkeypatch.setattr(build.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     files = {"unit.cpp": 'extern "C" int answer() { return 42; }\n'}
     lib = build.build_library(files, "unit.cpp", standins=("prelude.h", "cuda_bf16.h"), tag="owner_check")
+    assert lib.is_relative_to(tmp_path / "moonvit_kernels" / "emulator")
     assert build.build_library(files, "unit.cpp", standins=("prelude.h", "cuda_bf16.h"), tag="owner_check") == lib
     lib.parent.chmod(0o777)
-    with pytest.raises(RuntimeError, match="only it can write"):
+    with pytest.raises(private_dirs.UnsafeFolder, match=re.escape(str(lib.parent)) + " is open to others .*Fix"):
         build.build_library(files, "unit.cpp", standins=("prelude.h", "cuda_bf16.h"), tag="owner_check")

@@ -21,7 +21,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def k():
-    emulation.library()  # build once (cached in the temp dir by source hash)
+    emulation.library()  # build once (cached per user by source hash (private_dirs))
     return emulation
 
 

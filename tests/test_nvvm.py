@@ -28,6 +28,7 @@ def prepare_module():
 def prepared(tmp_path, monkeypatch):
     """A prepared folder packed by the script from a stand-in wheel of the real layout (small made-up files)."""
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     (tmp_path / "tmp").mkdir()
     wheel = tmp_path / "nvidia_nvvm-13.0.88-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl"
     contents = {inside: f"{inside} bytes {i}".encode() * 100 for i, inside in enumerate(prepare_module().WHEEL_FILES)}

@@ -85,21 +85,23 @@ def read_manifest(folder: Path) -> dict:
 
 
 def unpack_prepared(folder: Path | None = None) -> Path | None:
-    """Unpack the prepared NVVM in `folder` (default `prepared_dir()`) into a private folder of this user laid out
-    as a CUDA home (`nvvm/lib64/libnvvm.so.4`, `nvvm/libdevice/libdevice.10.bc`) and return that folder, None
-    when there is no prepared folder. The archive's digest is checked before it is opened and every unpacked
-    file's after; a folder already unpacked is reused only while its files keep their digests (else unpacked
-    again). NvvmUnavailable when the archive or a file fails its digest."""
-    from .. import compile_cache
+    """Unpack the prepared NVVM in `folder` (default `prepared_dir()`) into `nvvm/` of this user's private root
+    (`private_dirs`: nobody else can write, swap or own it) laid out as a CUDA home (`nvvm/lib64/libnvvm.so.4`,
+    `nvvm/libdevice/libdevice.10.bc`) and return that folder, None when there is no prepared folder. The archive's
+    digest is checked before it is opened and every unpacked file's after; a folder already unpacked is reused
+    only while its files keep their digests (else unpacked again). NvvmUnavailable when the archive or a file
+    fails its digest, or the private root is unsafe."""
+    from .. import private_dirs
 
     folder = prepared_dir() if folder is None else folder
     if not (folder / MANIFEST).is_file():
         return None
     manifest = read_manifest(folder)
     archive = folder / manifest["archive"]
-    home = Path(tempfile.gettempdir()) / f"moonvit_nvvm-{compile_cache._uid()}" / manifest["archive_sha256"][:16]
-    if not compile_cache.private_folder(home.parent):
-        raise NvvmUnavailable(f"{home.parent} is not a private folder of this user: remove it, then run again")
+    try:
+        home = private_dirs.folder("nvvm") / manifest["archive_sha256"][:16]
+    except private_dirs.UnsafeFolder as e:
+        raise NvvmUnavailable(str(e).replace("\n", " ")) from None
     if _unpacked(home, manifest):
         return home
     if not archive.is_file() or _sha256(archive) != manifest["archive_sha256"]:
@@ -145,8 +147,13 @@ def _members(tar: tarfile.TarFile, manifest: dict) -> list[tarfile.TarInfo]:
 
 
 def _unpacked(home: Path, manifest: dict) -> bool:
-    """True when every file of the manifest is in `home` with its digest."""
-    return all((home / name).is_file() and _sha256(home / name) == digest for name, digest in manifest["files"].items())
+    """True when every file of the manifest is in `home` with its digest (read without following a link)."""
+    from .. import private_dirs
+
+    try:
+        return all(private_dirs.sha256_of(home / name) == digest for name, digest in manifest["files"].items())
+    except OSError:
+        return False
 
 
 def _probe(x):  # the one-line kernel require_nvvm compiles

@@ -10,7 +10,7 @@ def k(request):
     if request.node.get_closest_marker("emulator") is not None:
         from moonvit_kernels.cuda_backend import emulation
 
-        emulation.library()  # built once, cached in the temp dir by source hash
+        emulation.library()  # built once, cached per user by source hash (private_dirs)
         return emulation
     if request.node.get_closest_marker("gpu") is not None:
         pytest.importorskip("cupy", reason="CuPy not installed (pip install -e '.[cuda13]')")

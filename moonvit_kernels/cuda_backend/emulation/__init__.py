@@ -40,7 +40,7 @@ _EPI = kcuda.EPILOGUES
 
 @functools.cache
 def library() -> None:
-    """Build (cached in the temp dir by source digest) and load every portable kernel module of the
+    """Build (cached by source digest; `build.build_library`) and load every portable kernel module of the
     catalogue for the emulated device, as a GPU would compile them on first use."""
     if compiler() is None:
         raise RuntimeError("the CUDA C emulation needs a C++20 compiler (g++ >= 11); set CXX")

@@ -7,8 +7,11 @@ pieces it uses (`prelude.h`: threads as fibers, barriers, warp shuffles; `ptx.cu
 registry that gives every kernel named in `names` (CuPy's `name_expressions`, or the module's
 `extern "C"` kernels) a launch thunk behind the one entry point `emu_launch` (`launch_entry.h`).
 `build_library(...)` is the same recipe for the emulator's other libraries (the Hopper model probes,
-the address tracer). Libraries are cached in the temp directory by a digest of everything that goes
-into them (texts, stand-ins, flags, this file), so a source edit rebuilds and nothing else does.
+the address tracer). Libraries are cached by a digest of everything that goes into them (texts, stand-ins,
+flags, this file), so a source edit rebuilds and nothing else does, in `emulator/` of the per-user root of
+`private_dirs` (a folder nobody else can write, swap or own; `UnsafeFolder` otherwise). Each library has
+its sha256 beside it, written when it was built; `load` checks it before the library is opened, and
+`build_library` rebuilds one that fails it (a truncated library would crash the process when loaded).
 
 Every build passes `-fno-gnu-unique`: function-local statics of inline functions and templates (a
 kernel's static __shared__ arrays) are otherwise STB_GNU_UNIQUE symbols, which the dynamic linker
@@ -27,11 +30,10 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from ...compile_cache import private_folder
+from ... import private_dirs
 
 HERE = Path(__file__).resolve().parent
 PORTABLE_STANDINS = ("prelude.h", "ptx.cuh", "cuda_bf16.h", "launch_entry.h")
@@ -147,18 +149,36 @@ def build_library(
         h.update(name.encode() + b"\0" + text.encode() + b"\0")
     h.update(repr((cxx, tuple(flags), tuple(extra_flags), [(u, tuple(f)) for u, f in units])).encode())
     h.update(Path(__file__).read_bytes())
-    build = Path(tempfile.gettempdir()) / f"moonvit_emu_{tag}_{h.hexdigest()[:16]}"
+    build = private_dirs.folder("emulator", f"{tag}_{h.hexdigest()[:16]}")
     lib_path = build / f"lib{tag}.so"
-    if not private_folder(build):  # the library is loaded into this process: it must be ours alone
-        raise RuntimeError(
-            f"{build} is not a folder of this user's own that only it can write: delete it, or point TMPDIR elsewhere"
-        )
-    if lib_path.exists():
+    if intact(lib_path):
         return lib_path
     with _build_lock(build):  # a second process asking for the same library waits for it instead of building it too
-        if not lib_path.exists():
+        if not intact(lib_path):
             _compile(files, main, standin_text, build, lib_path, tag, cxx, flags, extra_flags, units)
     return lib_path
+
+
+def _digest_path(lib_path: Path) -> Path:
+    return lib_path.with_name(lib_path.name + ".sha256")
+
+
+def intact(lib_path: Path) -> bool:
+    """True when `lib_path` and the sha256 its build wrote beside it are there and agree."""
+    try:
+        want = private_dirs.read_file(_digest_path(lib_path)).decode("ascii").strip()
+        return private_dirs.sha256_of(lib_path) == want
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def load(lib_path: Path, mode: int = ctypes.DEFAULT_MODE) -> ctypes.CDLL:
+    """Open the library `build_library` returned, once its folder is checked again and its sha256 is the one
+    written when it was built (RuntimeError otherwise: opening a damaged library can crash the process)."""
+    private_dirs.verified(lib_path.parent, private_from=private_dirs.root())
+    if not intact(lib_path):
+        raise RuntimeError(f"{lib_path} is not the library that was built (sha256 differs): run again to rebuild it")
+    return ctypes.CDLL(str(lib_path), mode=mode)
 
 
 @contextlib.contextmanager
@@ -170,12 +190,12 @@ def _build_lock(build: Path) -> Iterator[None]:
     except ImportError:  # not POSIX
         yield
         return
-    with open(build / ".lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    fd = os.open(build / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # never truncates a file
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _compile(
@@ -211,6 +231,9 @@ def _compile(
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"building the CUDA C emulator ({tag}) failed:\n{' '.join(cmd)}\n{r.stderr[-6000:]}")
+    digest = build / f"lib.{os.getpid()}.sha256"
+    digest.write_text(private_dirs.sha256_of(tmp) + "\n", encoding="ascii")
+    os.replace(digest, _digest_path(lib_path))
     os.replace(tmp, lib_path)  # atomic: a concurrent builder never loads a half-written library
 
 
@@ -234,7 +257,7 @@ def build_module(code: str, names: tuple[str, ...], hopper: bool = False) -> cty
         replace_standins={"sm90.cuh": (kernel_dir / "sm90.cuh").read_text(encoding="utf-8")} if hopper else None,
         tag="hopper" if hopper else "module",
     )
-    lib = ctypes.CDLL(str(lib_path))
+    lib = load(lib_path)
     lib.emu_launch.restype = ctypes.c_int
     lib.emu_kernel_name.restype = ctypes.c_char_p
     return lib

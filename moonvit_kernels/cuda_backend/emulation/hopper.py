@@ -43,12 +43,12 @@ _p = ctypes.c_void_p
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """Build (once per source version, cached in the temp dir; `build.build_library`) and load the Hopper
+    """Build (once per source version, cached; `build.build_library`) and load (`build.load`) the Hopper
     model probes (`hopper_driver.cpp`) with both sm90 kernels compiled in."""
     files = {name: build.for_emulator((kcuda.KERNEL_DIR / name).read_text(encoding="utf-8")) for name in KERNEL_FILES}
     files["hopper_driver.cpp"] = (HERE / "hopper_driver.cpp").read_text(encoding="utf-8")
     standins = tuple(n for n in STANDINS if n != "hopper_driver.cpp")
-    lib = ctypes.CDLL(str(build.build_library(files, "hopper_driver.cpp", standins=standins, tag="hopper_probes")))
+    lib = build.load(build.build_library(files, "hopper_driver.cpp", standins=standins, tag="hopper_probes"))
     lib.hop_desc_encode.restype = _u64
     lib.hop_desc_encode.argtypes = [_u, _u, _u, _i]
     lib.hop_desc_decode.argtypes = [_u64, _p]

@@ -38,4 +38,4 @@ def encode_tiled_driver() -> _Encoder:
     files = {"tensor_map_driver.cpp": (HERE / "tensor_map_driver.cpp").read_text(encoding="utf-8")}
     standins = ("prelude.h", "cuda_bf16.h", "hopper.cuh")
     path = build.build_library(files, "tensor_map_driver.cpp", standins=standins, tag="tensor_map")
-    return _Encoder(ctypes.CDLL(str(path)))
+    return _Encoder(build.load(path))

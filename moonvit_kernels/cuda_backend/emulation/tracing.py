@@ -71,7 +71,7 @@ TRACE_FLAGS = ("-std=c++20", "-O1", "-g", "-fPIC", "-fno-gnu-unique", "-pthread"
 
 @functools.cache
 def traced_library() -> tuple[ctypes.CDLL, Path]:
-    """Build (cached in the temp dir; `build.build_library`) and load the instrumented emulator; (library, its path)."""
+    """Build (cached; `build.build_library`) and load (`build.load`) the instrumented emulator; (library, its path)."""
     files = {
         name: build.for_emulator((kcuda.KERNEL_DIR / name).read_text(encoding="utf-8"))
         for name in (*kcuda.PORTABLE_SOURCES, "common.cuh")
@@ -88,7 +88,7 @@ def traced_library() -> tuple[ctypes.CDLL, Path]:
         units=[("driver.cpp", ("-fsanitize=thread",)), ("trace_hooks.cpp", ())],
         flags=TRACE_FLAGS,
     )
-    lib = ctypes.CDLL(str(lib_path))
+    lib = build.load(lib_path)
     lib.emu_trace_region.restype = ctypes.c_int
     lib.emu_trace_region.argtypes = [ctypes.c_void_p, ctypes.c_longlong]
     lib.emu_trace_count.restype = ctypes.c_longlong
