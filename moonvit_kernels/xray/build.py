@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -80,8 +79,13 @@ def sources_digest(backend: str, extra: str = "") -> str:
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where builds are cached: `cache_dir`, else $MOONVIT_XRAY_CACHE, else the system temp dir."""
-    root = cache_dir or os.environ.get("MOONVIT_XRAY_CACHE") or Path(tempfile.gettempdir()) / "moonvit_xray_cache"
+    """Where builds are cached: `cache_dir`, else $MOONVIT_XRAY_CACHE, else `xray/` under this user's private cache
+    root (`private_dirs`: another user cannot fill it with false numbers)."""
+    if not (cache_dir or os.environ.get("MOONVIT_XRAY_CACHE")):
+        from moonvit_kernels import private_dirs
+
+        return private_dirs.folder("xray")
+    root = cache_dir or os.environ.get("MOONVIT_XRAY_CACHE")
     return Path(root)
 
 
