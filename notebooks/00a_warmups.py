@@ -19,7 +19,8 @@
 # Seven small kernels, each a NumPy one-liner, in the spirit of Sasha Rush's *GPU Puzzles*: map → guard →
 # 2-D blocks → shared memory → block reduction → scan → a transpose that must also be *fast*. Each one adds
 # one idea that the stage notebooks (01–08) use all the time. You write every line between the `▼` and
-# `▲` marks; nothing in the cell tells you the algorithm.
+# `▲` marks; the cell's code gives no algorithm away (this copy runs the empty stubs, so under each one you
+# see the checker's answer to an empty kernel, with its first hint: cover it if you want none).
 #
 # **How a cell works.** `check(name, kernel)` launches your kernel on 2–3 cases (different sizes, several
 # blocks, sizes that are not multiples of the block) and compares it with NumPy. When something is wrong

@@ -370,7 +370,7 @@ error_heatmap(buggy, want, bound=bound2, title="grid sized N // 16, M // 16 (flo
 # The CuPy backend (`moonvit_kernels/cuda_backend/`) carries two more GEMMs, written in CUDA C. On a GPU
 # they run through CuPy; on a laptop the **CPU emulator** (`cuda_backend.emulation`) compiles the same
 # `.cu` text with g++ against stand-ins for the CUDA built-ins and PTX instructions (every CUDA thread a
-# `std::thread`), so every index, fragment layout and pipeline wait below runs and is checked here.
+# fiber, all of a block's fibers taking turns on one OS thread), so every index, fragment layout and pipeline wait below runs and is checked here.
 #
 # **fp32 SIMT (`gemm_fp32.cu`)** is numba v3 in C: a 64×64 block tile, 4×4 outputs per thread, 16-deep
 # slabs stored K-major — plus two things numba cannot express: `float4` loads (four floats in one
@@ -652,6 +652,7 @@ extern "C" __global__ void mma_fragments(const unsigned short* A, const unsigned
 
 result = check("mma_fragments", mma_fragments)
 
+# %% [markdown]
 # ### Worked exercises
 #
 # Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.

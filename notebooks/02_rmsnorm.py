@@ -128,7 +128,7 @@ print(region(KERNEL_DIR / "common.cuh", "reductions"))
 print((KERNEL_DIR / "rmsnorm.cu").read_text(encoding="utf-8"))
 
 # %% [markdown]
-# Run on the CPU emulator (the same `.cu` text through g++, each CUDA thread a `std::thread`, warp
+# Run on the CPU emulator (the same `.cu` text through g++, each CUDA thread a fiber on one OS thread, warp
 # shuffles emulated) and checked against the float64 reference — a 5 × 1024 block of rows (vector path)
 # and 3 × 75 (scalar path):
 
@@ -402,6 +402,7 @@ extern "C" __global__ void rmsnorm_warp_sum(const float* x, const float* weight,
 
 result = check("rmsnorm_warp_sum", rmsnorm_warp_sum)
 
+# %% [markdown]
 # ### Worked exercises
 #
 # Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.

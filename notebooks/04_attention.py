@@ -286,7 +286,7 @@ display(Markdown(markdown_table(["kernel", "launch", "o: max abs error", "lse: m
 # notebook's input is K3-sized, far too big for the emulator, so there it gets the simulator's tiny one:
 
 # %%
-if on_gpu:  # the emulator runs each CUDA thread as a std::thread: give it the simulator's tiny input
+if on_gpu:  # the emulator runs each CUDA thread as a fiber on one OS thread: give it the simulator's tiny input
     heads_e, hd_e = 2, 24
     cu_e = reference.cu_seqlens(np.array([[1, 2, 5], [2, 1, 3], [1, 1, 2]])).astype(np.int32)
     L_e = int(cu_e[-1])

@@ -372,6 +372,7 @@ def fused_gather_gemm(x, B, C, t, h, w, D, N, kh, kw):
 
 result = check("fused_gather_gemm", fused_gather_gemm)
 
+# %% [markdown]
 # ### Worked exercises
 #
 # Each cell below holds a worked answer; replace it with your own and rerun — the `assert` checks it.

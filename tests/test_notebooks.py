@@ -97,6 +97,15 @@ def test_notebook_follows_the_workbook_rules(path):
     assert asserts, f"{path.name}: exercises have no checking assert"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_markdown_heading_hides_in_a_code_cell(path):
+    """A `# ### Heading` comment in a code cell is markdown that lost its `# %% [markdown]` line: the learner sees
+    a comment where a section should start (as "Worked exercises" did in 01, 02 and 05)."""
+    nb = nbformat.read(path, as_version=4)
+    hidden = [line for c in code_cells(nb) for line in c.source.splitlines() if re.match(r"^# #{1,6} \S", line)]
+    assert not hidden, f"{path.name}: markdown headings inside code cells: {hidden}"
+
+
 def run_notebook(path, tmp_path):
     """Execute `path` top to bottom in a fresh kernel from `tmp_path`; fail on any error."""
     from jupyter_client import KernelManager

@@ -25,7 +25,7 @@ def _softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float
 
 
 def attention_case(rng: np.random.Generator, L: int) -> Case:
-    q = awkward(rng, (L, HD), scale=4.0)  # scores reach ±100: exp without the max overflows fp32
+    q = awkward(rng, (L, HD), scale=4.0)  # scores pass ±200: exp without the max overflows fp32
     k = awkward(rng, (L, HD), scale=4.0)
     v = awkward(rng, (L, HD))
     scale = np.float32(1.0 / math.sqrt(HD))
@@ -132,8 +132,8 @@ EXERCISES = (
         "one thread per query: the row maximum, then the exp-weights and their sum",
         attention_cases,
         (
-            "exp overflows float32 above about 88.7 and these scores reach ±100. softmax(s) = softmax(s − c) for "
-            "any c: choose c so that no exponent is positive.",
+            "exp overflows float32 above about 88.7 and these scores pass ±200 (each case names its largest). "
+            "softmax(s) = softmax(s − c) for any c: choose c so that no exponent is positive.",
             "Pass 1: m = the maximum over keys of the scaled scores. Pass 2: p = exp(s − m), l += p, "
             "acc[d] += p·v[j, d]; the cell divides acc by l.",
         ),
