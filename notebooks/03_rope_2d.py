@@ -52,6 +52,7 @@ from moonvit_kernels.numba_backend.rope import rope2d
 from moonvit_kernels.plots import (
     error_heatmap,
     markdown_table,
+    plot_raster_vs_2d,
     plot_rope_comb,
     plot_rope_k3_maps,
     plot_rope_offset_map,
@@ -377,6 +378,25 @@ rope_offset_invariance(32)
 
 # %%
 plot_rope_offset_map(K3_HD, 32)
+
+# %% [markdown]
+# ## Why 2-D, and why interleaved
+#
+# An LLM's RoPE is 1-D: one position per token. Read the patches in raster order and the patch directly
+# **below** sits `w` positions away — as far as a patch `w` columns to the right — while the last patch of a
+# row sits next to the first patch of the next one. Below: q·k from the centre patch of a 32×32 grid to every
+# patch (q = k, equal energy in every slot; `plots.plot_raster_vs_2d`). Raster order draws a horizontal stripe:
+# vertical neighbours look far away. 2D RoPE spends half the slots on the column and half on the row, so a
+# step down costs exactly what a step right does. A model trained at one image size also meets others: a
+# raster position mixes the row with the width of the image, a (row, column) pair does not.
+#
+# *Interleaved* says which dims share an angle: K3 pairs neighbours `(2j, 2j+1)` and alternates width and
+# height slots, so every frequency band carries both axes. Rotate-half would pair `j` with `j + hd/2`: a
+# different rotation of the same numbers. Neither is better in itself; the checkpoint was trained with the
+# interleaved one, and a kernel that pairs any other way computes another model (the pitfall below).
+
+# %%
+plot_raster_vs_2d(K3_HD, 32)
 
 
 # %% [markdown]

@@ -105,6 +105,53 @@ mask_grid = grid_thws if not on_gpu else np.array([[1, 6, 8], [2, 4, 4], [1, 2, 
 attention_mask_picture(mask_grid, block_q=8, block_k=4)
 
 # %% [markdown]
+# ## Why pack: native resolution, no padding
+#
+# K3 keeps every image at its own resolution and aspect ratio (NaViT-style: `preprocess.resize_plan` only
+# shrinks, and pads to a multiple of 28 pixels), so a batch holds items of very different lengths. A padded
+# batch stretches every item to the longest one: the padding costs tokens in every linear layer and query–key
+# pairs in attention, and buys nothing. Packing puts the items end to end and `cu_seqlens` tells the kernel
+# where each one starts: no token is wasted. For a batch of mixed shapes at K3 sizes:
+
+# %%
+from moonvit_kernels.preprocess import resize_plan
+
+sizes = [(1344, 448), (448, 1344), (896, 896), (448, 448), (224, 224)]
+plans = [resize_plan(w, h) for w, h in sizes]
+lens = [p.grid_hw[0] * p.grid_hw[1] for p in plans]
+rows = [[f"{w}×{h}", f"{p.grid_hw[0]}×{p.grid_hw[1]}", n] for (w, h), p, n in zip(sizes, plans, lens, strict=True)]
+display(Markdown(markdown_table(["image", "patch grid", "patches"], rows)))
+packed_tokens, padded_tokens = sum(lens), len(lens) * max(lens)
+packed_pairs, padded_pairs = sum(n * n for n in lens), len(lens) * max(lens) ** 2
+print(
+    f"tokens (every linear layer): packed {packed_tokens:,}, padded {padded_tokens:,} (×{padded_tokens / packed_tokens:.2f})"
+)
+print(
+    f"query-key pairs (attention): packed {packed_pairs:,}, padded {padded_pairs:,} (×{padded_pairs / packed_pairs:.2f})"
+)
+
+# %% [markdown]
+# Measured on the NumPy reference (CPU; each side halved so it runs in a second, 2 heads of 64): the packed
+# batch, and the same items each stretched to the longest (what a padded batch computes):
+
+# %%
+small = [max(1, (p.grid_hw[0] // 2) * (p.grid_hw[1] // 2)) for p in plans]
+heads_m, hd_m = 2, 64
+
+
+def time_attention(item_lens: list[int]) -> float:
+    """Median seconds of `reference.attention` over items of these lengths, packed end to end."""
+    q, k, v = (rng.standard_normal((sum(item_lens), heads_m, hd_m)).astype(np.float32) for _ in range(3))
+    cu = np.concatenate([[0], np.cumsum(item_lens)])
+    return median_seconds(lambda: reference.attention(q, k, v, cu), 3, 1)["median"]
+
+
+t_packed, t_padded = time_attention(small), time_attention([max(small)] * len(small))
+print(
+    f"reference attention (CPU): packed {t_packed * 1e3:.1f} ms, padded {t_padded * 1e3:.1f} ms (×{t_padded / t_packed:.1f})"
+)
+
+# %% [markdown]
 # ## Memory per approach
 #
 # Score memory for K3 on a few inputs, every column counted the same way — **all 12 heads, all query

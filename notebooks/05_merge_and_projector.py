@@ -80,6 +80,25 @@ print(f"kernels run on: {where()}")
 merge_index_map(6, 8)
 
 # %% [markdown]
+# ## Why merge: four times fewer tokens for the language model
+#
+# The encoder works on 14×14-pixel patches; the language model reads the merged tokens. Every LM layer's work
+# and its KV cache grow with the number of tokens, and its attention with their square, so a 2×2 merge cuts the
+# image's share of the LM's linear work and KV cache by 4 and its attention by 16 — after the encoder has had its
+# full resolution. At K3 sizes (`preprocess.resize_plan`, the processor's shrink-and-pad):
+
+# %%
+from moonvit_kernels.preprocess import resize_plan
+
+rows = []
+for w_px, h_px in [(448, 448), (896, 896), (1344, 896), (1920, 1080), (4000, 3000)]:
+    plan = resize_plan(w_px, h_px)
+    patches = plan.grid_hw[0] * plan.grid_hw[1]
+    rows.append([f"{w_px}×{h_px}", f"{plan.grid_hw[0]}×{plan.grid_hw[1]}", f"{patches:,}", f"{plan.num_tokens:,}",
+                 f"{patches**2 / plan.num_tokens**2:.0f}×"])  # fmt: skip
+display(Markdown(markdown_table(["image", "patch grid", "encoder tokens", "LM tokens", "LM attention saved"], rows)))
+
+# %% [markdown]
 # ## Sizes
 #
 # On a GPU: K3 (`D = 1024`, `T = 7168`) with random weights, an 896×896 image packed with a 4-frame

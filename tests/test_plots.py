@@ -604,3 +604,18 @@ def test_position_grids_are_the_reference_interpolation():
     fig = plots.plot_position_grids(pos, [(4, 10)], channel=1)
     shown = fig.axes[1].images[0].get_array()
     assert_close(np.asarray(shown), ref.interpolate_pos_grid(pos, 4, 10, "bilinear")[:, :, 1], 0, 0, "drawn")
+
+
+def test_raster_rope_sees_the_patch_below_as_far_and_2d_rope_does_not():
+    """The 'why 2-D' picture of notebook 03: from the centre of a 32 × 32 grid, 1-D raster-order RoPE scores the
+    patch below (32 positions away) far lower than the one beside; K3's 2D RoPE scores them alike."""
+    from moonvit_kernels.plots import plot_raster_vs_2d, raster_vs_2d_scores
+
+    raster, two_d = raster_vs_2d_scores(128, 32)
+    c = 16
+    assert raster.shape == two_d.shape == (32, 32) and raster[c, c] == pytest.approx(1) == two_d[c, c]
+    assert raster[c + 1, c] < raster[c, c + 1] - 0.3
+    assert two_d[c + 1, c] == pytest.approx(two_d[c, c + 1]) and two_d[c + 1, c] > 0.9
+    assert len(plot_raster_vs_2d(24, 8).axes) == 3
+    with pytest.raises(ValueError, match="multiple of 4"):
+        raster_vs_2d_scores(30, 8)

@@ -181,6 +181,48 @@ def plot_rope_offset_map(head_dim: int = 128, extent: int = 32, seed: int = 0) -
     return fig
 
 
+def raster_vs_2d_scores(head_dim: int, side: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(raster, two_d)`, each `[side, side]` float64: `rope(q, centre) · rope(q, (r, c)) / |q|²` for every patch
+    (r, c) of a side × side grid, q with equal energy in every slot. `raster`: 1-D RoPE over the patches in raster
+    order (position r·side + c, the LLM convention: frequencies 10000^(−2i/hd), i < hd/2); `two_d`: K3's 2D RoPE
+    (column on even slots, row on odd, frequencies 10000^(−4i/hd), i < hd/4)."""
+    if side < 1 or head_dim % 4:
+        raise ValueError(f"side must be >= 1 and head_dim a multiple of 4, got {side}, {head_dim}")
+    r, c = np.meshgrid(np.arange(side, dtype=np.float64), np.arange(side, dtype=np.float64), indexing="ij")
+    r0 = c0 = side // 2
+    theta = 10000.0 ** (-2.0 * np.arange(head_dim // 2) / head_dim)
+    delta = (r * side + c) - (r0 * side + c0)
+    raster = np.cos(delta[..., None] * theta).mean(axis=-1)
+    f = reference.rope_frequencies(head_dim, dtype=np.float64)
+    two_d = 0.5 * (np.cos((c - c0)[..., None] * f).mean(axis=-1) + np.cos((r - r0)[..., None] * f).mean(axis=-1))
+    return raster, two_d
+
+
+def plot_raster_vs_2d(head_dim: int = 128, side: int = 32) -> Figure:
+    """Why 2-D: q·k from the centre patch to every patch, 1-D raster-order RoPE beside K3's 2D RoPE."""
+    raster, two_d = raster_vs_2d_scores(head_dim, side)
+    fig = Figure(figsize=(10, 4.6), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    centre = side // 2
+    image = None
+    for ax, data, title in zip(
+        axes,
+        (raster, two_d),
+        (f"1-D RoPE, raster order: the patch below is {side} positions away", "K3 2D RoPE: below = beside"),
+        strict=True,
+    ):
+        image = ax.imshow(data, cmap="magma", vmin=-0.2, vmax=1.0, interpolation="nearest")
+        ax.plot([centre], [centre], marker="+", color="cyan", markersize=10)
+        ax.annotate(f"below: {data[centre + 1, centre]:.2f}\nright: {data[centre, centre + 1]:.2f}",
+                    (0.02, 0.02), xycoords="axes fraction", color="white", fontsize=8)  # fmt: skip
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("patch column")
+    axes[0].set_ylabel("patch row")
+    fig.colorbar(image, ax=axes.tolist(), shrink=0.85, label="q·k after RoPE / |q|² (q = k, equal slot energy)")
+    fig.suptitle(f"How close each patch looks to the centre (+), head_dim {head_dim}, a {side}×{side} grid", fontsize=9)
+    return fig
+
+
 def rope_wavelengths(head_dim: int) -> np.ndarray:
     """`[hd/4]` float64: the period `2π/f_i` of frequency i, in patches."""
     return 2 * np.pi / reference.rope_frequencies(head_dim, dtype=np.float64)
