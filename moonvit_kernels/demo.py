@@ -77,7 +77,14 @@ def run_demo(out: Path, image: Path, backend: str, in_patch_limit: int) -> list[
         "03_rope_offset_invariance.png": plots.plot_rope_offset_map(128),
         "04_merge_index_map.png": plots.merge_index_map(6, 8, config.merge_kernel_size),  # small: numbers readable
         "05_attention_mask.png": plots.attention_mask_picture(batch.grid_thws),
-        "06_pca_features.png": plots.pca_overlay(features, (h, w), padded, p),
+        "06_pca_features.png": plots.pca_overlay(
+            features,
+            (h, w),
+            padded,
+            p,
+            weights_note="features of the bundled tiny checkpoint, whose weights are random: the colours follow "
+            "pixel statistics and position, not learned content (a real K3 checkpoint shows parts and objects)",
+        ),  # fmt: skip
         "07_error_vs_float64.png": plots.error_heatmap(
             np.concatenate([np.asarray(o) for o in outputs]),
             np.concatenate(ref64),

@@ -490,7 +490,7 @@ def test_attention_mask_picture_has_a_legend_and_v2_tiles():
 
     fig = plots.attention_mask_picture([[1, 2, 5], [1, 1, 3]], block_q=4, block_k=3)
     ax = fig.axes[0]
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]  # below the square, not beside it (squashed)
     assert any("may attend" in t for t in labels) and any("v2 tile" in t for t in labels)
     tiles = [p for p in ax.patches if isinstance(p, Rectangle)]
     assert len(tiles) == 3 * 4 + 1 * 1  # item of 10: 3 query × 4 key tiles; item of 3: one tile

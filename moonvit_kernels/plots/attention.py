@@ -30,7 +30,7 @@ def attention_mask_picture(grid_thws: Any, block_q: int | None = None, block_k: 
 
     grid = np.asarray(grid_thws).reshape(-1, 3)
     mask = attention_mask(grid)
-    fig = Figure(figsize=(5.6, 4.6), layout="constrained")
+    fig = Figure(figsize=(6.0, 6.4), layout="constrained")
     ax = fig.subplots()
     ax.imshow(mask, cmap="Greys", vmin=0, vmax=1.6, interpolation="nearest")
     bounds = reference.cu_seqlens(grid)
@@ -51,8 +51,9 @@ def attention_mask_picture(grid_thws: Any, block_q: int | None = None, block_k: 
     ax.set_yticks(bounds[:-1])
     ax.set_xlabel("key token")
     ax.set_ylabel("query token")
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    ax.set_title(f"{len(grid)} packed items, L = {bounds[-1]}: " + ", ".join(str(tuple(g)) for g in grid.tolist()))
+    fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=min(3, len(handles)))
+    items = ", ".join(str(tuple(g)) for g in grid.tolist())
+    ax.set_title(f"{len(grid)} packed items, L = {bounds[-1]}\n(t, h, w) = {items}", fontsize=9)
     return fig
 
 

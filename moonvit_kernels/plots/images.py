@@ -48,7 +48,23 @@ def patch_grid_overlay(
     ax.set_title(f"{W}×{H} pixels (W×H) = {H // p} rows × {W // p} columns of {p}×{p} patches", fontsize=9)
     ax.set_xlim(-0.5, W - 0.5)
     ax.set_ylim(H - 0.5, -0.5)
+    ax.legend(handles=_grid_legend(p, merge_kernel_size, content_size is not None), fontsize=8, loc="upper center",
+              bbox_to_anchor=(0.5, -0.04), ncols=3, frameon=False)  # fmt: skip
     return fig
+
+
+def _grid_legend(p: int, merge_kernel_size: Sequence[int] | None, padded: bool) -> list[Any]:
+    """What the overlay's lines and hatching mean."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Line2D([], [], color="0.75", lw=1.2, label=f"patch edge, thin white ({p}×{p} pixels)")]
+    if merge_kernel_size is not None:
+        kh, kw = (int(k) for k in merge_kernel_size)
+        handles.append(Line2D([], [], color="yellow", lw=1.5, label=f"merged token ({kh}×{kw} patches)"))
+    if padded:
+        handles.append(Patch(fill=False, hatch="//", edgecolor="red", label="padding (to a multiple of p·merge)"))
+    return handles
 
 
 def _hatch(x: float, y: float, width: float, height: float) -> Any:
@@ -78,10 +94,16 @@ def pca_colors(features: Any, grid_hw: tuple[int, int], n_components: int = 3) -
 
 
 def pca_overlay(
-    features: Any, grid_hw: tuple[int, int], image: Any, patch_size: int | None = None, alpha: float = 0.65
+    features: Any,
+    grid_hw: tuple[int, int],
+    image: Any,
+    patch_size: int | None = None,
+    alpha: float = 0.65,
+    weights_note: str = "",
 ) -> Figure:
     """Three panels: the image, the PCA colours of its patch features (`pca_colors`), and the
-    colours laid over the image (each patch's colour on its p × p pixels)."""
+    colours laid over the image (each patch's colour on its p × p pixels); `weights_note` says what made the
+    features (e.g. random weights), under the title."""
     img = _display_image(image)
     h, w = (int(v) for v in grid_hw)
     p = int(patch_size) if patch_size else img.shape[1] // w
@@ -101,4 +123,6 @@ def pca_overlay(
     for ax in axes:
         ax.set_xticks([])
         ax.set_yticks([])
+    if weights_note:
+        fig.suptitle(weights_note, fontsize=9)
     return fig
