@@ -201,7 +201,9 @@ for bad in (lambda: rmsnorm(x, w[:-1], eps), lambda: rmsnorm(x, w, -1.0), lambda
 
 # %%
 x, w, out, want = checked[shapes[-1]]
-error_heatmap(out, want, title=f"rmsnorm kernel vs float64, {x.shape[0]} × {x.shape[1]}")
+rtol = 8 * FP32_EPS * np.sqrt(x.shape[1])  # the check's bound above, per element
+error_heatmap(out, want, bound=rtol * (np.abs(want) + np.abs(want).max()),
+              title=f"rmsnorm kernel vs float64, {x.shape[0]} × {x.shape[1]}: error / bound")  # fmt: skip
 
 # %% [markdown]
 # ## Pictures: why eps matters

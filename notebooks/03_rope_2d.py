@@ -192,7 +192,7 @@ assert np.array_equal(got[:, 2 * Q :], qkv[:, 2 * Q :]), "v was modified"
 print(f"q, k max error {err[:, : 2 * Q].max():.2e} (bound {tol:.1e}); v untouched")
 
 # %%
-error_heatmap(got[:, : 2 * Q], want[:, : 2 * Q], title="rope2d kernel, q | k columns")
+error_heatmap(got[:, : 2 * Q], want[:, : 2 * Q], bound=tol, title="rope2d kernel, q | k columns: error / bound")
 
 # %% [markdown]
 # **Frames share positions.** Give both frames of the video the same q, k vectors: after RoPE they are
@@ -300,10 +300,10 @@ print(
 
 # %% [markdown]
 # So a `cos(angle)` picture of all 64 slots would be flat for most of them: the slow frequencies encode
-# *coarse* position, a tiny but smooth angle. Drawn as the angle itself on one shared **logarithmic**
-# colour scale, every slot shows its gradient (width slots along columns, height slots along rows), and
-# the colour bar reads off how many decades apart the frequencies are — 16 slots, `i = 0, 4, …, 28`, each
-# with its width and its height slot:
+# *coarse* position, a tiny but smooth angle. Drawn as the angle itself, each slot scaled by its own
+# largest angle, every slot shows its gradient (width slots along columns, height slots along rows), and the
+# titles read off how many decades apart the frequencies are (63 rad for `i = 0`, thousandths of a radian at
+# the end) — 16 slots, `i = 0, 4, …, 28`, each with its width and its height slot:
 
 # %%
 slots = [2 * i + s for i in range(0, K3_HD // 4, 4) for s in (0, 1)]
@@ -348,7 +348,7 @@ except ImportError:
 if widgets is not None:
 
     def explore(side=64, i=0, axis="width"):
-        """One slot of K3's RoPE on a side × side grid: angle (log scale) and cos."""
+        """One slot of K3's RoPE on a side × side grid: angle (scaled by its largest) and cos."""
         slot = 2 * i + (0 if axis == "width" else 1)
         display(rope_frequency_maps(side, side, K3_HD, "angle", slots=[slot]))
         display(rope_frequency_maps(side, side, K3_HD, "cos", slots=[slot]))

@@ -379,7 +379,8 @@ else:
 # bug would show up as a band of rows (one query tile, one item) or of columns (one head).
 
 # %%
-error_heatmap(outputs["v2"], ref_o, title="attention v2 vs float64, o [L, Q]")
+error_heatmap(outputs["v2"], ref_o, bound=rtol * np.abs(ref_o) + (score_err + rtol) * np.abs(v).max(),
+              title="attention v2 vs float64, o [L, Q]: error / bound")  # fmt: skip
 
 # %% [markdown]
 # ## No leaks between items

@@ -46,12 +46,12 @@ def rope_frequency_maps(
     y: row), with one shared colour bar: width slots (even j) vary along columns, height slots (odd j)
     along rows; low i turns fast, high i barely turns.
 
-    `quantity` "cos" / "sin" share the scale −1 … 1. "angle" (radians) uses a shared symmetric-log scale,
-    linear below the smallest non-zero angle, so a slot turning 10⁻⁴ rad per patch and one turning 1 rad
-    per patch both show their gradient, angle 0 (row or column 0) has a colour of its own, and the bar
-    reads off how many decades apart they are.
+    `quantity` "cos" / "sin" share the scale −1 … 1. "angle" shows each slot's angle divided by its own largest
+    on the grid (0 … 1, linear), so a slot turning 10⁻⁴ rad per patch shows its gradient as plainly as one
+    turning 1 rad per patch (a shared log scale made them all look uniform); each panel's title gives its
+    largest angle in radians, which says how many decades apart the slots are.
     """
-    from matplotlib.colors import Normalize, SymLogNorm
+    from matplotlib.colors import Normalize
 
     maps = rope_angle_maps(h, w, head_dim, quantity)
     chosen = list(range(maps.shape[0])) if slots is None else [int(j) for j in slots]
@@ -63,10 +63,7 @@ def rope_frequency_maps(
     fig = Figure(figsize=(1.9 * cols + 1.2, 1.9 * rows * h / max(w, 1) + 1.0), layout="constrained")
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     if quantity == "angle":
-        positive = maps[chosen][maps[chosen] > 0]
-        lo, hi = (float(positive.min()), float(positive.max())) if positive.size else (1e-6, 1.0)
-        norm = SymLogNorm(linthresh=lo, linscale=0.3, vmin=0.0, vmax=max(hi, lo * 10), base=10)
-        cmap, label = "viridis", "angle (rad), symmetric log scale"
+        norm, cmap, label = Normalize(0.0, 1.0), "viridis", "angle / the slot's largest (in each title)"
     else:
         norm, cmap, label = Normalize(-1.0, 1.0), "RdBu", f"{quantity}(angle)"
     image = None
@@ -78,8 +75,14 @@ def rope_frequency_maps(
             ax.set_visible(False)
             continue
         j = chosen[k]
-        image = ax.imshow(maps[j], cmap=cmap, norm=norm, interpolation="nearest")
-        ax.set_title(f"slot {j}: {'width' if j % 2 == 0 else 'height'}, i={j // 2}", fontsize=7)
+        axis = "width" if j % 2 == 0 else "height"
+        if quantity == "angle":
+            top = float(maps[j].max())
+            image = ax.imshow(maps[j] / top if top > 0 else maps[j], cmap=cmap, norm=norm, interpolation="nearest")
+            ax.set_title(f"slot {j}: {axis}, i={j // 2}\nmax {top:.2g} rad", fontsize=7)
+        else:
+            image = ax.imshow(maps[j], cmap=cmap, norm=norm, interpolation="nearest")
+            ax.set_title(f"slot {j}: {axis}, i={j // 2}", fontsize=7)
     _label_grid_axes(axes, rows, cols, n)
     fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label=label)
     shown = "angle" if quantity == "angle" else f"{quantity}(angle)"
