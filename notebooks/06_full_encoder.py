@@ -235,6 +235,68 @@ print(report.table())
 plot_stage_report(report)
 
 # %% [markdown]
+# ## Bring your own kernel
+#
+# Your kernel belongs in the tower too. `own_kernel(stage, launcher)` (`numba_backend.own_kernels`) runs the
+# numba tower with one launcher replaced by yours, for as long as the `with` block lasts; `compare_stages`
+# (or `compare.compare_backends`) then says whether the whole model still matches, and if not, the first stage
+# that went wrong. Your launcher takes what the tower passes the one it replaces (here `rmsnorm(x, weight,
+# eps, out=, rstd=)`: the names are checked) and writes where that one does. Below, a one-thread-per-row
+# RMSNorm — slower than the module's block-per-row kernel, but correct — runs every norm of the tower:
+
+# %%
+from math import sqrt
+
+from moonvit_kernels.numba_backend.own_kernels import own_kernel
+
+
+@cuda.jit
+def my_rmsnorm_kernel(x, weight, out, rstd, eps):
+    row = cuda.grid(1)
+    if row < x.shape[0]:
+        total = 0.0
+        for c in range(x.shape[1]):
+            total += x[row, c] * x[row, c]
+        r = 1.0 / sqrt(total / x.shape[1] + eps)
+        rstd[row] = r
+        for c in range(x.shape[1]):
+            out[row, c] = x[row, c] * r * weight[c]
+
+
+def my_rmsnorm(x, weight, eps, out=None, rstd=None):
+    """The tower's rmsnorm launcher, by my kernel: out [rows, cols] (in place when out is x), rstd [rows]."""
+    out = cuda.device_array_like(x) if out is None else out
+    rstd = cuda.device_array(x.shape[0], np.float32) if rstd is None else rstd
+    my_rmsnorm_kernel[(x.shape[0] + 31) // 32, 32](x, weight, out, rstd, np.float32(eps))
+    return out
+
+
+with own_kernel("rmsnorm", my_rmsnorm):
+    _, mine = MoonViT(config, weights, backend="numba").forward(
+        pixel_values, grid_thws, return_intermediates=True, as_numpy=True
+    )
+report = compare_stages(mine, reference64, names=("numba, my rmsnorm", "numpy float64"))
+print(report.table())
+assert report.ok, report.first_divergence
+
+# %% [markdown]
+# ## Debugging a kernel
+#
+# - **Under the simulator** (no GPU) a kernel is plain Python run by one thread per CUDA thread: `print`
+#   works inside it (guard it, `if cuda.grid(1) == 5:`, or every thread prints), and so does a breakpoint —
+#   `import pdb; pdb.set_trace()` under the same guard stops that one thread with the others waiting at
+#   their next barrier. An index out of bounds raises `IndexError` named by thread and block
+#   (`tid=[37, 0, 0] ctaid=[0, 0, 0]`). Negative indices wrap silently, as in NumPy.
+# - **On the CPU emulator** (CUDA C) a launch that goes wrong raises `LaunchError` with the kernel's name and
+#   what broke: a block too large for the registers it declares, dynamic shared memory above the raised
+#   limit, a misaligned vector access (the launchers check alignment before launching), an argument the
+#   kernel does not take. `printf` inside a `.cu` kernel prints from the emulator too.
+# - **The checker** (`check(name, kernel)`) compares against NumPy on several cases and names the case, the
+#   wrong rows or columns, NaN, outputs never written, writes past the end and known bugs; `hint(name)` and
+#   `solution(name)` when stuck.
+# - **Stage by stage** (`compare_stages`, above): the first stage beyond tolerance is where to look.
+
+# %% [markdown]
 # ## Time, labelled with where it ran
 #
 # The NumPy reference always runs on the CPU; the numba backend runs on `where()`. On a GPU the first call

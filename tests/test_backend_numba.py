@@ -161,3 +161,43 @@ def test_first_nonfinite_row_kernel(shape):
         for r in rows:
             y[r, rng.integers(0, shape[1])] = value
         assert first_nonfinite_row(cuda.to_device(y)) == rows[0]
+
+
+def test_bring_your_own_kernel_swaps_one_launcher_and_compare_finds_its_stage():
+    """`own_kernel(stage, launcher)` runs the tower with the learner's launcher: a correct one (here the original,
+    called through the learner's function) diverges nowhere; one that forgets eps's partner (here: scales by 1.01)
+    is named at the first stage it reaches; a launcher with other parameters is refused by name."""
+    from moonvit_kernels.compare import compare_backends
+    from moonvit_kernels.numba_backend import rmsnorm as rmsnorm_k
+    from moonvit_kernels.numba_backend.own_kernels import own_kernel
+
+    grid = np.array([[1, 2, 4]])
+    w = random_weights(CFG, seed=3)
+    pv = random_pixels(grid, CFG.patch_size, seed=4)
+    original = rmsnorm_k.rmsnorm
+    calls = []
+
+    def mine(x, weight, eps, out=None, rstd=None):
+        calls.append(x.shape)
+        return original(x, weight, eps, out=out, rstd=rstd)
+
+    def wrong(x, weight, eps, out=None, rstd=None):
+        y = original(x, weight, eps, out=out, rstd=rstd)
+        host = y.copy_to_host() * np.float32(1.01)
+        y.copy_to_device(host)
+        return y
+
+    numpy_model = MoonViT(CFG, w, backend="numpy")
+    with own_kernel("rmsnorm", mine):
+        report = compare_backends(MoonViT(CFG, w, backend="numba"), numpy_model, pv, grid)
+    assert calls and report.first_divergence is None, report
+    assert rmsnorm_k.rmsnorm is original
+    with own_kernel("rmsnorm", wrong):
+        report = compare_backends(MoonViT(CFG, w, backend="numba"), numpy_model, pv, grid)
+    assert report.first_divergence == "layer_0", report
+    with pytest.raises(ValueError, match=r"lacks the parameter\(s\) out, rstd of .*rmsnorm"):
+        with own_kernel("rmsnorm", lambda x, weight, eps: x):
+            pass
+    with pytest.raises(ValueError, match="unknown stage 'softmax'"):
+        with own_kernel("softmax", mine):
+            pass
