@@ -113,6 +113,7 @@ def run_notebook(path, tmp_path):
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
+    committed = [output_structure(c) for c in code_cells(nb)]
     for c in code_cells(nb):
         c.outputs = []
         c.execution_count = None
@@ -139,6 +140,22 @@ def run_notebook(path, tmp_path):
     assert not km.has_kernel, f"{path.name}: the kernel still runs after its notebook"
     errors = [o for c in code_cells(nb) for o in c.outputs if o.output_type == "error"]
     assert not errors
+    fresh = [output_structure(c) for c in code_cells(nb)]
+    stale = [i for i, (a, b) in enumerate(zip(committed, fresh, strict=True)) if a != b]
+    assert not stale, (
+        f"{path.name}: the committed outputs of code cells {stale} are not what a fresh run gives "
+        f"(committed {[committed[i] for i in stale][:3]}, fresh {[fresh[i] for i in stale][:3]}): "
+        "re-execute it (python scripts/execute_notebooks.py)"
+    )
+
+
+def output_structure(cell: nbformat.NotebookNode) -> tuple:
+    """What a code cell shows, without its exact text: its pictures, tables and values (the kinds of its
+    rich outputs and their MIME types), and whether it prints at all. Printed text itself is left out: build
+    and cache messages come and go between runs."""
+    rich = tuple((o.output_type, tuple(sorted(o.get("data", {})))) for o in cell.outputs if o.output_type != "stream")
+    prints = any(o.output_type == "stream" and o.get("name") == "stdout" for o in cell.outputs)
+    return rich, prints
 
 
 # The runs are the suite's longest module: two classes, so that pytest-xdist (one scope per class) gives each half
