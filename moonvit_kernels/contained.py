@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import functools
 import io
 import math
 import os
@@ -107,7 +108,12 @@ def _flush_parent() -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     with contextlib.suppress(Exception):
-        ctypes.CDLL(None).fflush(None)
+        _libc().fflush(None)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None)
 
 
 def _child(fn: Callable[[], Any], pipes: list[tuple[int, int]]) -> None:  # pragma: no cover - the child
@@ -130,9 +136,11 @@ def _child(fn: Callable[[], Any], pipes: list[tuple[int, int]]) -> None:  # prag
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
-        ctypes.CDLL(None).fflush(None)
+        _libc().fflush(None)
         with os.fdopen(result_w, "wb") as f:
             f.write(payload)
+        for fd in (1, 2, out_w, err_w):  # the parent sees EOF now, before this process's memory is torn down
+            os.close(fd)
     except BaseException:  # noqa: BLE001
         code = 3
     os._exit(code)
@@ -148,8 +156,8 @@ def _pickled_exception(e: BaseException) -> bytes:
 
 
 def _collect(pid: int, reads: list[int], limit: float) -> tuple[int | None, bytes, bytes]:
-    """Read the child's result and forward its output until it exits: (wait status, result, stderr);
-    the status is None when the time limit ran out first (the child is then killed)."""
+    """Read the child's result and forward its output until it closes them: (wait status, result, stderr);
+    the status is 0 when a result came, None when the time limit ran out first (the child is then killed)."""
     result_r, out_r, err_r = reads
     result, err = bytearray(), bytearray()
     open_fds = set(reads)
@@ -157,6 +165,7 @@ def _collect(pid: int, reads: list[int], limit: float) -> tuple[int | None, byte
     poller = select.poll()
     for fd in reads:
         poller.register(fd, select.POLLIN)
+    _reap_finished()
     while open_fds:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -174,8 +183,22 @@ def _collect(pid: int, reads: list[int], limit: float) -> tuple[int | None, byte
                 if fd == err_r:
                     err += chunk
                     del err[: max(0, len(err) - 8 * _CHUNK)]
+    if result:  # it returned: reaped later, so that its exit (tearing down a copy of this process) costs no wait
+        _UNREAPED.append(pid)
+        return 0, bytes(result), bytes(err)
     _, status = os.waitpid(pid, 0)
     return status, bytes(result), bytes(err)
+
+
+_UNREAPED: list[int] = []  # children that returned their result, not yet waited for
+
+
+def _reap_finished() -> None:
+    for pid in list(_UNREAPED):
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                continue
+        _UNREAPED.remove(pid)
 
 
 def _forward(stream: Any, chunk: bytes) -> None:
