@@ -19,11 +19,13 @@ Nothing is trusted that was not checked:
   it is kept (ranged HTTP reads are conditional, If-Match / If-Unmodified-Since, and their headers are
   compared), and again before the checkpoint is written: a source that changed is never mixed in;
 - interrupted fetches resume: each tensor's bytes go to `DIR/.parts/<name>.part`, and a journal
-  `<name>.sums` (offset, length, sha256 per kept piece) written after the bytes are on disk; a resume
+  `<name>.sums` (offset, length, sha256 per kept piece) written after the bytes; a resume
   re-hashes the part against it and keeps only the verified prefix (a half-written or zero-filled
   part is caught), and starts over when the source's identity differs from the plan's;
-- chunk sizes follow the link (about 5 s per request), and what a dropped or stalled request did
-  deliver is kept; `timeout` (seconds without data) gives an error naming the URL;
+- every piece of a response goes to its part as it arrives (the journal line with it; both flushed to
+  disk at least once a second), so Ctrl-C, a killed process, a dropped or stalled request keep what
+  came; chunk sizes follow the link (about 5 s per request); `timeout` (seconds without data, and
+  no other limit: aiohttp's 5-minute total is lifted) gives an error naming the URL;
 - `fetch` never writes into its source folder, and refuses an output folder holding a checkpoint it
   did not write unless `force`; its outputs are written atomically (`atomic`).
 
@@ -42,6 +44,7 @@ import os
 import re
 import shutil
 import struct
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +64,7 @@ WRITTEN_BY = FETCH_FORMAT
 CHUNK_BYTES = 64 * 2**20  # the largest request; sizes adapt below it (`ChunkSizer`)
 PIECE_BYTES = 2**16  # bytes handed on from a streaming response at a time
 DEFAULT_TIMEOUT = 60.0  # seconds without data before a request is given up
+SYNC_SECONDS = 1.0  # the longest received bytes wait in the page cache before an fsync
 MAX_HEADER_BYTES = 100 * 2**20
 CHECKPOINT_FILES = ("config.json", "model.safetensors", INDEX_NAME, MANIFEST_NAME)
 
@@ -352,7 +356,7 @@ def open_source(source: str | os.PathLike, revision: str | None = None, timeout:
         return Source(fs, f"{repo}@{commit}", text, repo=repo, revision=commit)
     if re.match(r"^https?://", text):
         try:
-            fs = fsspec.filesystem("http")  # its aiohttp session carries our requests
+            fs = fsspec.filesystem("http", client_kwargs={"timeout": _no_total_timeout()})  # carries our requests
         except ImportError:
             raise FetchError("http(s):// sources need aiohttp: pip install 'moonvit_kernels[hub]'") from None
         return HttpSource(fs, text.rstrip("/"), text, timeout=float(timeout))
@@ -360,6 +364,14 @@ def open_source(source: str | os.PathLike, revision: str | None = None, timeout:
     if not folder.is_dir():
         raise FetchError(f"{text}: not a checkpoint folder, hf://ORG/REPO or http(s):// URL")
     return Source(fsspec.filesystem("file"), folder.as_posix(), text)
+
+
+def _no_total_timeout() -> Any:
+    """aiohttp limits without a total (its default gives up on any request after 5 minutes): every wait
+    is bounded by `timeout` instead (HttpSource)."""
+    import aiohttp
+
+    return aiohttp.ClientTimeout(total=None, connect=None, sock_connect=None, sock_read=None)
 
 
 def hf_filesystem(repo: str, revision: str | None) -> tuple[Any, str]:
@@ -546,17 +558,54 @@ class Part:
             write_text(self.sums, "".join(lines))
         return good
 
-    def append(self, data: bytes) -> None:
-        """Add a verified piece: its bytes first (flushed to disk), then its journal line."""
+    def append(self, data: bytes, sync: bool = True) -> None:
+        """Add a verified piece: its bytes first, then its journal line; `sync` flushes both to disk. Unsynced,
+        they survive the process being killed (the page cache holds them), not a power cut (the resume
+        re-hashes, so a piece that did not land is cut off)."""
         with open(self.data, "ab") as f:
             offset = f.tell()
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         with open(self.sums, "a") as f:
             f.write(f"{offset} {len(data)} {hashlib.sha256(data).hexdigest()}\n")
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
+
+    def sync(self) -> None:
+        """Flush the part and its journal to disk."""
+        for path in (self.data, self.sums):
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+
+
+class PieceWriter:
+    """The sink of one request: appends each piece to the part as it arrives, synced at least every
+    SYNC_SECONDS and at `close`; pieces after `close` (a request still running after Ctrl-C) are dropped."""
+
+    def __init__(self, part: Part):
+        self.part, self.bytes = part, 0
+        self.closed = False
+        self.synced = time.monotonic()
+        self.lock = threading.Lock()
+
+    def __call__(self, piece: bytes) -> None:
+        with self.lock:
+            if self.closed or not piece:
+                return
+            now = time.monotonic()
+            sync = now - self.synced >= SYNC_SECONDS
+            self.part.append(piece, sync=sync)
+            self.bytes += len(piece)
+            self.synced = now if sync else self.synced
+
+    def close(self) -> None:
+        with self.lock:
+            if not self.closed and self.bytes:
+                self.part.sync()
+            self.closed = True
 
 
 def _download(
@@ -575,25 +624,24 @@ def _download(
     fetched = 0
     while have < t.nbytes:
         n = min(sizer.size, t.nbytes - have)
-        received: list[bytes] = []
+        sink = PieceWriter(part)
         began = time.monotonic()
         failure = None
         try:
-            source.stream_range(t.shard, t.start + have, t.start + have + n, version, received.append)
+            source.stream_range(t.shard, t.start + have, t.start + have + n, version, sink)
         except SourceChanged:
-            raise  # nothing of a changed file is kept
+            raise  # nothing of a changed file reaches the sink
         except FetchError as e:
             failure = e
-        data = b"".join(received)
-        if data:
-            part.append(data)
-            have += len(data)
-            fetched += len(data)
-            advance(len(data))
-        sizer.update(len(data), time.monotonic() - began)
+        finally:  # Ctrl-C included: what came is on disk
+            sink.close()
+        have += sink.bytes
+        fetched += sink.bytes
+        advance(sink.bytes)
+        sizer.update(sink.bytes, time.monotonic() - began)
         if failure is not None:
             raise failure
-        if not data:
+        if not sink.bytes:
             raise FetchError(f"{source.label}: {t.shard} sent no bytes for {t.name}; run the fetch again to resume")
     return fetched
 

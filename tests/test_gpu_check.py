@@ -354,11 +354,38 @@ def test_bad_options_exit_2_naming_the_problem(capsys, tmp_path):
     assert run_mod.main(["--simulate", "--sections", "a,x", "--out", str(tmp_path)]) == 2
     assert "unknown section 'x'" in capsys.readouterr().err
     assert run_mod.main(["--simulate", "--budget-s", "0", "--out", str(tmp_path)]) == 2
-    assert "--budget-s must be positive" in capsys.readouterr().err
+    assert "--budget-s must be a positive number of seconds" in capsys.readouterr().err
     assert run_mod.main(["--simulate", "--inject-fault", "explode:x", "--out", str(tmp_path)]) == 2
     assert "KIND one of hang, crash, wrong, error" in capsys.readouterr().err
     assert run_mod.main(["--simulate", "--backends", "cuda,tpu", "--out", str(tmp_path)]) == 2
     assert "unknown backend tpu" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--tokens", "-64"], "--tokens -64: a token count is a positive square"),
+        (["--tokens", "0"], "--tokens 0: a token count is a positive square"),
+        (["--tokens", "1024", "2"], "--tokens 2: a token count is a positive square"),
+        (["--budget-s", "nan"], "--budget-s must be a positive number of seconds, got nan"),
+        (["--budget-s", "inf"], "--budget-s must be a positive number of seconds, got inf"),
+        (["--budget-s", "-5"], "--budget-s must be a positive number of seconds, got -5"),
+        (["--item-timeout-s", "nan"], "--item-timeout-s must be a positive number of seconds, got nan"),
+        (["--item-timeout-s", "inf"], "--item-timeout-s must be a positive number of seconds, got inf"),
+        (["--item-timeout-s", "0"], "--item-timeout-s must be a positive number of seconds, got 0"),
+        (["--out", "{file}"], "is a file: the report needs a folder"),
+        (["--out", "{file}/report"], "a file: the report needs a folder"),
+    ],
+)
+def test_out_of_range_options_exit_2_with_one_line(argv, says, capsys, tmp_path):
+    """Issue 31, finding 10: these gave tracebacks (tokens, a file as --out) or were accepted (NaN, inf)."""
+    (tmp_path / "file").write_text("not a folder")
+    argv = [a.replace("{file}", str(tmp_path / "file")) for a in argv]
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "o")]
+    assert run_mod.main(["--simulate", *argv, *out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpu_check: ") and says in err[0], err
+    assert not (tmp_path / "o").exists() and (tmp_path / "file").read_text() == "not a folder"
 
 
 # ============================================================================ pieces

@@ -3,8 +3,12 @@ served by an HTTP server on 127.0.0.1 that honours Range and counts the bytes it
 
 import hashlib
 import json
+import os
 import re
+import signal
 import struct
+import subprocess
+import sys
 import threading
 import time
 from email.utils import formatdate
@@ -111,8 +115,8 @@ def expected_reads(root: Path, manifest: dict) -> int:
 class RangeServer(ThreadingHTTPServer):
     """Serves a folder on 127.0.0.1; honours `Range: bytes=a-b` unless told not to; counts body bytes;
     can drop the connection after `fail_after` more body bytes, or go silent (`stall_seconds`) after
-    `stall_after`. With `validators` (as nginx does) it sends ETag and Last-Modified and answers 412
-    to an If-Match / If-Unmodified-Since that no longer holds."""
+    `stall_after`, then hang up (or, with `stall_resumes`, go on). With `validators` (as nginx does) it
+    sends ETag and Last-Modified and answers 412 to an If-Match / If-Unmodified-Since that no longer holds."""
 
     daemon_threads = True
 
@@ -123,6 +127,7 @@ class RangeServer(ThreadingHTTPServer):
         self.fail_after: int | None = None
         self.stall_after: int | None = None
         self.stall_seconds = 0.0
+        self.stall_resumes = False
         self.requested: list[str] = []
         self.lock = threading.Lock()
 
@@ -202,8 +207,9 @@ class _Handler(BaseHTTPRequestHandler):
                 with self.server.lock:
                     stall = self.server.stall_after
                     stalled = stall is not None and stall < len(data)
+                    rest = b""
                     if stalled:
-                        data, self.server.stall_after = data[:stall], None
+                        data, rest, self.server.stall_after = data[:stall], data[stall:], None
                     elif stall is not None:
                         self.server.stall_after = stall - len(data)
                     budget = self.server.fail_after
@@ -220,8 +226,13 @@ class _Handler(BaseHTTPRequestHandler):
                     if stalled:
                         self.wfile.flush()
                         time.sleep(self.server.stall_seconds)  # silent, connection open
-                        self.close_connection = True
-                        return
+                        if not self.server.stall_resumes:
+                            self.close_connection = True
+                            return
+                        self.wfile.write(rest)
+                        with self.server.lock:
+                            self.server.bytes_served += len(rest)
+                        left -= len(rest)
                 except (BrokenPipeError, ConnectionResetError):  # the client hung up: fine
                     return
                 if cut:
@@ -546,13 +557,13 @@ def interrupted(monkeypatch, after: int, then=None) -> list:
     real = hub.Part.append
     count = [0]
 
-    def append(self, data):
+    def append(self, data, sync=True):
         count[0] += 1
         if count[0] == after + 1:
             if then is None:
                 raise hub.FetchError("interrupted (test)")
             then()
-        return real(self, data)
+        return real(self, data, sync)
 
     monkeypatch.setattr(hub.Part, "append", append)
     return count
@@ -755,3 +766,76 @@ def small_png(folder: Path) -> Path:
     path = folder / "small.png"
     Image.fromarray(np.full((8, 8, 3), 100, dtype=np.uint8)).save(path)
     return path
+
+
+# ======================================================= interrupted, killed, slow (issue 31, finding 9)
+def kept_bytes(out: Path) -> int:
+    return sum(p.stat().st_size for p in (out / hub.PARTS_DIR).glob("*.part"))
+
+
+def stall_after_first_bytes(root: Path, srv: RangeServer, tmp_path: Path, nbytes: int, seconds: float) -> None:
+    """Make the server send `nbytes` of the first vision tensor, then go silent for `seconds`."""
+    reference = hub.fetch(str(root), tmp_path / "reference", progress=False)
+    srv.stall_after = expected_reads(root, reference) - reference["vision_bytes"] + nbytes
+    srv.stall_seconds = seconds
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_ctrl_c_keeps_the_bytes_of_the_request_in_flight(small, tmp_path):
+    root, srv, wts = small
+    stall_after_first_bytes(root, srv, tmp_path, 100, seconds=5.0)
+    out = tmp_path / "v"
+
+    def interrupt():
+        wait_for(lambda: (out / hub.PARTS_DIR).is_dir() and kept_bytes(out) >= 100, 3.0)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        hub.fetch(srv.url, out, progress=False)
+    assert kept_bytes(out) == 100
+    again = hub.fetch(srv.url, out, progress=False)
+    assert again["vision_bytes_fetched_this_run"] == again["vision_bytes"] - 100
+    same_weights(loaded(out), wts)
+
+
+def test_a_killed_fetch_keeps_the_bytes_that_arrived(small, tmp_path):
+    root, srv, wts = small
+    stall_after_first_bytes(root, srv, tmp_path, 100, seconds=15.0)  # the request is in flight when killed
+    out = tmp_path / "v"
+    code = "import sys; from moonvit_kernels import hub; hub.fetch(sys.argv[1], sys.argv[2], progress=False)"
+    env = {**os.environ, "PYTHONPATH": str(Path(moonvit_kernels.__file__).parents[1])}
+    child = subprocess.Popen([sys.executable, "-c", code, srv.url, str(out)], env=env)
+    try:
+        wait_for(lambda: (out / hub.PARTS_DIR).is_dir() and kept_bytes(out) >= 100, 8.0)
+    finally:
+        child.kill()  # SIGKILL: no handler, no finally runs
+        child.wait()
+    assert kept_bytes(out) == 100
+    again = hub.fetch(srv.url, out, progress=False)
+    assert again["vision_bytes_fetched_this_run"] == again["vision_bytes"] - 100
+    same_weights(loaded(out), wts)
+
+
+def test_the_timeout_is_the_only_limit_on_a_slow_request(small, tmp_path, monkeypatch):
+    """aiohttp gives up on any request after a total of 5 minutes unless told otherwise (`--timeout 1000`
+    died at 301 s); here that total is 1 s, and a request that pauses 1.5 s (under --timeout 5) completes."""
+    import aiohttp
+    from fsspec.implementations.http import HTTPFileSystem
+
+    root, srv, wts = small
+    monkeypatch.setattr(aiohttp.client, "DEFAULT_TIMEOUT", aiohttp.ClientTimeout(total=1.0))
+    HTTPFileSystem.clear_instance_cache()  # a session made before the patch would keep the real default
+    stall_after_first_bytes(root, srv, tmp_path, 100, seconds=1.5)
+    srv.stall_resumes = True
+    manifest = hub.fetch(srv.url, tmp_path / "v", progress=False, timeout=5)
+    assert manifest["vision_bytes_fetched_this_run"] == manifest["vision_bytes"]
+    same_weights(loaded(tmp_path / "v"), wts)

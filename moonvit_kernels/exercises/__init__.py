@@ -24,11 +24,13 @@ and `load_solution(name)` loads it (the tests check every solution passes and ev
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
+from .. import contained
 from . import attention, cuda_c, encoder, gemm, hopper, merge, norm, rope, warmups
-from .core import OUT, Case, CheckResult, Exercise, ExerciseFailed, Suspect, ranges, run_check
+from .core import OUT, TIME_LIMIT, Case, CheckResult, Exercise, ExerciseFailed, Suspect, ranges, run_check
 from .launch import launch_numba
 
 SOLUTIONS_DIR = Path(__file__).resolve().parent / "solutions"
@@ -63,27 +65,31 @@ def _exercise(name: str) -> Exercise:
     return EXERCISES[name]
 
 
-def check(name: str, kernel: Any, strict: bool = False, seed: int = 0, verbose: bool = True) -> CheckResult:
+def check(
+    name: str, kernel: Any, strict: bool = False, seed: int = 0, verbose: bool = True, time_limit: float = TIME_LIMIT
+) -> CheckResult:
     """Run the learner's `kernel` for exercise `name` against the NumPy reference; print the verdict.
 
     `kernel` is a @cuda.jit function, or for a CUDA C exercise the kernel's source text. The first case
     is launched twice (a different result the second time means a race is likely). Returns a
     `CheckResult`; with `strict=True` a wrong kernel raises `ExerciseFailed` instead. A kernel that
-    raises (an index out of bounds under the simulator, a compile error) is reported, not propagated.
+    raises (an index out of bounds under the simulator, a compile error) is reported, not propagated; so is
+    one that crashes or runs longer than `time_limit` seconds (each launch runs in a forked child).
     """
     ex = _exercise(name)
+    contained.check_time_limit(time_limit)
     if ex.language == "cuda_c":
         if not isinstance(kernel, str):
             raise TypeError(
                 f"{name}: a CUDA C exercise takes the kernel's source text (a str), got {type(kernel).__name__}"
             )
-        result = cuda_c.run(ex, kernel, seed)
+        result = cuda_c.run(ex, kernel, seed, time_limit)
     else:
         if not hasattr(kernel, "__getitem__") or isinstance(kernel, str):
             raise TypeError(
                 f"{name}: expected a @cuda.jit kernel, got {type(kernel).__name__}; decorate it with @cuda.jit"
             )
-        result = run_check(ex, kernel, launch_numba, seed)
+        result = run_check(ex, kernel, functools.partial(launch_numba, time_limit=time_limit), seed)
     if verbose:
         print(result.message)
     if strict and not result.passed:

@@ -24,6 +24,11 @@ FP32_EPS = float(np.finfo(np.float32).eps)
 SENTINEL = np.float32(-7.77e37)
 INT_SENTINEL = np.int32(-999_999)
 GUARD_ROWS = 2  # extra rows after the output, filled with the sentinel: a write there is out of bounds
+TIME_LIMIT = 60.0  # seconds one launch of a learner's kernel may take (the emulators run a case in ~1 s)
+
+
+class KernelStopped(RuntimeError):
+    """The learner's kernel crashed or did not finish in time (`launch.py`); the message says which."""
 
 
 class _Out:
@@ -373,6 +378,8 @@ def run_check(ex: Exercise, kernel: Any, launch: Launcher, seed: int = 0) -> Che
                     said = suspects_matching(case, got, ex.suspects)
         except IndexError as e:
             problems.append(f"an index is out of bounds ({e}). Check the bounds test and the index arithmetic.")
+        except KernelStopped as e:
+            problems.append(str(e))
         except Exception as e:  # a compile or launch error: the learner's code, reported not raised
             text = str(e).strip()
             first = text.splitlines()[0] if text else ""

@@ -10,13 +10,14 @@ compile error is reported with g++'s error lines.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
 
 import numpy as np
 
-from .core import FP32_EPS, OUT, Case, CheckResult, Exercise, Suspect, awkward, ceil_div, run_check
+from .core import FP32_EPS, OUT, TIME_LIMIT, Case, CheckResult, Exercise, Suspect, awkward, ceil_div, run_check
 from .launch import launch_cuda_c
 
 
@@ -55,8 +56,9 @@ def compile_kernel(ex: Exercise, source: str) -> Any:
         raise ValueError(f"the source does not compile:\n{_compile_error_lines(str(e))}") from None
 
 
-def run(ex: Exercise, source: str, seed: int = 0) -> CheckResult:
-    """`check` for a CUDA C exercise: compile once, then the same cases and verdicts as numba's."""
+def run(ex: Exercise, source: str, seed: int = 0, time_limit: float = TIME_LIMIT) -> CheckResult:
+    """`check` for a CUDA C exercise: compile once, then the same cases and verdicts as numba's (each launch
+    contained, with `time_limit` seconds)."""
     try:
         function = compile_kernel(ex, source)
     except (ValueError, RuntimeError) as e:
@@ -71,7 +73,7 @@ def run(ex: Exercise, source: str, seed: int = 0) -> CheckResult:
             ]
         )
         return CheckResult(ex.name, False, message, None, None, [str(e)], 1)
-    return run_check(ex, function, launch_cuda_c, seed)
+    return run_check(ex, function, functools.partial(launch_cuda_c, time_limit=time_limit), seed)
 
 
 # ============================================================================ 02: warp-shuffle RMSNorm

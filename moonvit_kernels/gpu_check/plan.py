@@ -24,6 +24,7 @@ Time limits (seconds; see benchmarks/gpu_check_budget.md for how the GPU numbers
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,8 +191,7 @@ def make_plan(simulate: bool, quick: bool, budget_s: float | None = None) -> Pla
             hopper_gemm_shapes=ENCODER_GEMMS,
         )
     if budget_s is not None:
-        if budget_s <= 0:
-            raise ValueError(f"--budget-s must be positive, got {budget_s}")
+        budget_s = positive_seconds("--budget-s", budget_s)
         scale = min(1.0, budget_s / plan.total_budget)
         plan = dataclasses.replace(plan, budgets={k: v * scale for k, v in plan.budgets.items()}, total_budget=budget_s)
     return plan
@@ -211,11 +211,17 @@ def plan_from_options(options: dict[str, Any]) -> Plan:
     if options.get("only"):
         changes["only"] = tuple(o.strip() for o in options["only"].split(",") if o.strip())
     if options.get("item_timeout_s") is not None:
-        if options["item_timeout_s"] <= 0:
-            raise ValueError(f"--item-timeout-s must be positive, got {options['item_timeout_s']}")
-        t = float(options["item_timeout_s"])
+        t = positive_seconds("--item-timeout-s", options["item_timeout_s"])
         changes.update(item_timeout_s=t, tower_item_timeout_s=t)
     return dataclasses.replace(plan, **changes)
+
+
+def positive_seconds(option: str, value: Any) -> float:
+    """`value` as seconds when it is a positive finite number; ValueError naming `option` otherwise."""
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{option} must be a positive number of seconds, got {value}")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -285,7 +291,9 @@ def grids_for_tokens(tokens: list[int]) -> tuple[tuple[int, int, int], ...]:
     """Square single-image grids for token counts (L = side², side even so that the 2x2 merge applies)."""
     grids = []
     for L in tokens:
-        side = int(round(L**0.5))
+        if L < 4:
+            raise ValueError(f"--tokens {L}: a token count is a positive square of an even side (4, 16, ..., 1024)")
+        side = math.isqrt(L)
         if side * side != L or side % 2:
             raise ValueError(f"--tokens {L} is not the square of an even side (e.g. 1024 = 32², 4096 = 64²)")
         grids.append((1, side, side))

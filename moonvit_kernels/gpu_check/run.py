@@ -71,8 +71,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def check_out(out: Path) -> None:
+    """ValueError unless `out` is a folder or can become one (no file where a folder must be)."""
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "is a file" if path == out else f"is inside {path}, a file"
+                raise ValueError(f"--out {out} {where}: the report needs a folder")
+            return
+
+
 def _emergency_report(out: Path, command: str, text: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"gpu_check: no report written: {out}: {e}", file=sys.stderr)
+        return
     (out / "report.md").write_text(
         "# moonvit_kernels gpu_check report\n\n"
         f"- command: `{command}`\n- FAILED TO START ({time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())})\n\n"
@@ -94,6 +108,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
         "tokens": args.tokens, "repeats": args.repeats, "only": args.only, "item_timeout_s": args.item_timeout_s,
     }  # fmt: skip
     try:
+        check_out(args.out)
         sections = parse_sections(args.sections)
         plan = plan_from_options(options)
         faults.parse_fault(args.inject_fault)

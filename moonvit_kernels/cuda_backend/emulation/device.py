@@ -20,7 +20,15 @@ What the device enforces, as a GPU does (each refusal is a `LaunchError` naming 
   above the device's opt-in limit.
 Arrays (`ndarray`, a NumPy subclass) carry the device they were made on; `empty` fills new memory with
 NaN (float32), the bf16 NaN 0x7FC0 (uint16) or a large sentinel (integers), so an element a kernel
-forgets to write fails the comparison. What it cannot show: speed, registers, the device's exact
+forgets to write fails the comparison.
+
+Launches are contained: device memory is shared (`mmap` MAP_SHARED), and each launch runs the kernel in a
+forked child (`moonvit_kernels.contained`) that writes it, so a kernel that aborts, dereferences a bad
+pointer or never ends raises `LaunchError` naming the kernel, the signal and the block and thread it was
+running, or the time limit (`time_limit`, MOONVIT_EMU_TIME_LIMIT seconds, default 600), and the Python
+process lives on. A device array made by NumPy arithmetic (private memory) is copied to shared memory for
+the launch and back after it. MOONVIT_EMU_CONTAIN=0 runs launches in this process (trusted kernels only:
+a fault there ends the process). What it cannot show: speed, registers, the device's exact
 transcendental functions, and races the barriers do not order.
 """
 
@@ -30,6 +38,8 @@ import contextlib
 import ctypes
 import functools
 import math
+import mmap
+import os
 import time
 from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
@@ -39,7 +49,7 @@ import numpy as np
 
 from moonvit_kernels import registry
 
-from ... import launch_rules
+from ... import contained, launch_rules
 from . import build
 
 EMULATED = True
@@ -51,10 +61,20 @@ uint8, uint16, uint32, uint64 = np.uint8, np.uint16, np.uint32, np.uint64
 bool_ = np.bool_
 
 DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a kernel may use before raising its attribute
+_TIME_LIMIT = [contained.check_time_limit(os.environ.get("MOONVIT_EMU_TIME_LIMIT", "600"))]
+_FORCE_CONTAIN = [False]
 
 
 class LaunchError(RuntimeError):
     """A launch the emulated device refuses (as a GPU would fail it), with the reason."""
+
+
+class LaunchStopped(LaunchError):
+    """A contained launch whose kernel crashed (`timed_out` False) or ran past the time limit (True)."""
+
+    def __init__(self, message: str, timed_out: bool):
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 # ============================================================================ the devices
@@ -188,9 +208,31 @@ class ndarray(np.ndarray):
         return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.data.ptr, False), "version": 3}
 
 
-def _on_device(a: np.ndarray) -> ndarray:
-    out = a.view(ndarray)
+def _allocate(shape: Any, dtype: Any, order: str = "C") -> ndarray:
+    """Uninitialised device memory of the current device, in shared memory (a launch's child writes it)."""
+    dt = np.dtype(dtype)
+    nbytes = math.prod(np.atleast_1d(np.asarray(shape, dtype=np.int64)).tolist()) * dt.itemsize
+    out = np.ndarray(shape, dt, buffer=mmap.mmap(-1, max(int(nbytes), 1)), order=order).view(ndarray)
     out._device_id = _CURRENT[0]
+    return out
+
+
+def is_shared(a: np.ndarray) -> bool:
+    """Whether `a`'s memory is shared memory (`mmap`): what a launch's forked child writes reaches this process."""
+    base: Any = a
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, mmap.mmap)
+
+
+def _on_device(a: np.ndarray) -> ndarray:
+    """`a` as an array of the current device: copied to shared memory unless it is there already."""
+    if is_shared(a):
+        out = a.view(ndarray)
+        out._device_id = _CURRENT[0]
+        return out
+    out = _allocate(a.shape, a.dtype, "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C")
+    np.copyto(out, a, casting="no")
     return out
 
 
@@ -198,8 +240,10 @@ def asarray(a: Any, dtype: Any = None, order: str = "C") -> ndarray:
     """Upload `a` (a copy unless it is already an array of the current device with that dtype)."""
     if isinstance(a, ndarray) and a._device_id == _CURRENT[0] and (dtype is None or a.dtype == np.dtype(dtype)):
         return a
-    host = a.view(np.ndarray) if isinstance(a, ndarray) else a
-    return _on_device(np.array(host, dtype=dtype, order=order, copy=True))
+    host = np.asarray(a.view(np.ndarray) if isinstance(a, ndarray) else a, dtype=dtype)
+    out = _allocate(host.shape, host.dtype, order if order in ("C", "F") else "C")
+    np.copyto(out, host, casting="no")
+    return out
 
 
 array = asarray
@@ -223,8 +267,9 @@ def _poison(dtype: np.dtype) -> Any:
 
 def empty(shape: Any, dtype: Any = np.float64, order: str = "C") -> ndarray:
     """New device memory, filled with a poison value (NaN, bf16 NaN, the integer maximum)."""
-    dt = np.dtype(dtype)
-    return _on_device(np.full(shape, _poison(dt), dtype=dt, order=order))
+    out = _allocate(shape, dtype, order)
+    out.fill(_poison(out.dtype))
+    return out
 
 
 def empty_like(a: Any, dtype: Any = None) -> ndarray:
@@ -312,19 +357,121 @@ class Function:
                 f"{self.name}: max_dynamic_shared_size_bytes {self.max_dynamic_shared_size_bytes} exceeds the device's "
                 f"opt-in limit {props.optin_smem} B"
             )
-        packed = [_marshal(self.name, i, a) for i, a in enumerate(args)]
+        staging = _Staging() if contain() else None
+        packed = [_marshal(self.name, i, a, staging) for i, a in enumerate(args)]
         n = len(packed)
         ptrs = (ctypes.c_void_p * max(n, 1))(*[ctypes.addressof(buf) for buf, _, _ in packed])
         sizes = (ctypes.c_ulonglong * max(n, 1))(*[s for _, s, _ in packed])
         aligns = (ctypes.c_ulonglong * max(n, 1))(*[al for _, _, al in packed])
         err = ctypes.create_string_buffer(1024)
         regs = self.module.regs_at_entry(self.name, b)
-        rc = self.module.library().emu_launch(
-            self.name.encode(), (ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), ctypes.c_ulonglong(shared_mem),
-            ctypes.c_int(regs), ctypes.c_int(n), ptrs, sizes, aligns, err, ctypes.c_int(len(err)),
-        )  # fmt: skip
+        lib = self.module.library()
+
+        def launch() -> tuple[int, bytes]:
+            rc = lib.emu_launch(
+                self.name.encode(), (ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), ctypes.c_ulonglong(shared_mem),
+                ctypes.c_int(regs), ctypes.c_int(n), ptrs, sizes, aligns, err, ctypes.c_int(len(err)),
+            )  # fmt: skip
+            return rc, err.value
+
+        rc, message = launch() if staging is None else _contained_launch(self.name, lib, launch)
         if rc:
-            raise LaunchError(err.value.decode(errors="replace"))
+            raise LaunchError(message.decode(errors="replace"))
+        if staging is not None:
+            staging.copy_back()
+
+
+def contain() -> bool:
+    """Whether launches run in a forked child (the default; MOONVIT_EMU_CONTAIN=0 runs them in this process,
+    except within `contained_launches`)."""
+    wanted = _FORCE_CONTAIN[0] or os.environ.get("MOONVIT_EMU_CONTAIN", "1") != "0"
+    return wanted and contained.available()
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Within the block, a contained launch still running after `seconds` is stopped (LaunchStopped)."""
+    saved = _TIME_LIMIT[0]
+    _TIME_LIMIT[0] = contained.check_time_limit(seconds)
+    try:
+        yield
+    finally:
+        _TIME_LIMIT[0] = saved
+
+
+@contextlib.contextmanager
+def contained_launches(seconds: float) -> Iterator[None]:
+    """Within the block every launch is contained (whatever MOONVIT_EMU_CONTAIN says), with `seconds` each."""
+    saved = _FORCE_CONTAIN[0]
+    _FORCE_CONTAIN[0] = True
+    try:
+        with time_limit(seconds):
+            yield
+    finally:
+        _FORCE_CONTAIN[0] = saved
+
+
+_SIGNAL_MEANS = {
+    "SIGSEGV": "an access outside any allocation: an index out of bounds, a null or stale pointer",
+    "SIGBUS": "a misaligned or unmapped access",
+    "SIGABRT": "the emulator or the kernel aborted",
+    "SIGFPE": "an integer division by zero",
+    "SIGILL": "an illegal instruction",
+    "SIGTRAP": "a trap",
+}
+
+
+def _contained_launch(name: str, lib: ctypes.CDLL, launch: Any) -> tuple[int, bytes]:
+    """`launch()` in a forked child: its (rc, message), or LaunchError naming the kernel when it crashed or
+    ran past the time limit."""
+    where = mmap.mmap(-1, 512)  # the child's fault handler writes the block, thread and address here
+
+    def child() -> tuple[int, bytes]:
+        lib.emu_report_faults(ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(where))), 512)
+        return launch()
+
+    limit = _TIME_LIMIT[0]
+    try:
+        return contained.run(child, time_limit=limit, what=name)
+    except contained.TimedOut:
+        raise LaunchStopped(
+            f"{name}: your kernel did not finish in {limit:g} s and was stopped (an endless loop, or threads "
+            "waiting for something that never comes?)",
+            timed_out=True,
+        ) from None
+    except contained.Crashed as e:
+        at = where[:].split(b"\0", 1)[0].decode(errors="replace")
+        what = _SIGNAL_MEANS.get(e.signal_name, "")
+        text = f"{name}: the kernel crashed: {e.signal_name or 'exited'}" + (f" ({what})" if what else "")
+        text += f" in {at}" if at else ""
+        raise LaunchStopped(text + (f"\n{e.output}" if e.output else ""), timed_out=False) from None
+
+
+class _Staging:
+    """Shared-memory copies of device arrays in private memory (made by NumPy arithmetic) for one launch."""
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[np.ndarray, np.ndarray]] = []  # (the private root array, its shared copy)
+
+    def pointer(self, a: np.ndarray) -> int:
+        """The address the kernel gets for `a`: its own when shared, else the matching place in a copy."""
+        ptr = int(a.ctypes.data)
+        if is_shared(a):
+            return ptr
+        root = a
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        for r, copy in self.copies:
+            if r is root:
+                return int(copy.ctypes.data) + ptr - int(r.ctypes.data)
+        copy = np.ndarray(root.nbytes, np.uint8, buffer=mmap.mmap(-1, max(root.nbytes, 1)))
+        ctypes.memmove(copy.ctypes.data, root.ctypes.data, root.nbytes)
+        self.copies.append((root, copy))
+        return int(copy.ctypes.data) + ptr - int(root.ctypes.data)
+
+    def copy_back(self) -> None:
+        for root, copy in self.copies:
+            ctypes.memmove(root.ctypes.data, copy.ctypes.data, root.nbytes)
 
 
 class RawModule:
@@ -400,15 +547,16 @@ def _check_geometry(name: str, g: tuple[int, int, int], b: tuple[int, int, int])
         raise LaunchError(f"{name}: block {b} exceeds the limits (1024, 1024, 64; 1024 threads)")
 
 
-def _marshal(kernel: str, i: int, a: Any) -> tuple[Any, int, int]:
-    """(a ctypes buffer holding the argument's bytes, its size, its alignment), as CuPy packs it."""
+def _marshal(kernel: str, i: int, a: Any, staging: _Staging | None = None) -> tuple[Any, int, int]:
+    """(a ctypes buffer holding the argument's bytes, its size, its alignment), as CuPy packs it; a device
+    array by the address `staging` gives it (a contained launch)."""
     if isinstance(a, ndarray):
         if a._device_id != _CURRENT[0]:
             raise LaunchError(
                 f"{kernel}: argument {i} lives on device {a._device_id}, the kernel runs on device {_CURRENT[0]} "
                 "(an illegal address on a GPU)"
             )
-        return ctypes.c_void_p(a.data.ptr), 8, 8
+        return ctypes.c_void_p(a.data.ptr if staging is None else staging.pointer(a)), 8, 8
     if isinstance(a, np.ndarray):
         raise LaunchError(f"{kernel}: argument {i} is a host (NumPy) array; upload it first (asarray)")
     if isinstance(a, bool):

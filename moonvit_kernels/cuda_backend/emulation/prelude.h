@@ -233,6 +233,11 @@ inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   emu::warp_sync();
   return r;
 }
+// __trap() ends the launch with an error on a GPU; here it aborts (the launch's child, see device.py).
+[[noreturn]] inline void __trap() {
+  std::fprintf(stderr, "emulation: __trap() called\n");
+  std::abort();
+}
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __int_as_float(int i) {
   float f;
