@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     gold.add_argument(
         "--overwrite", action="store_true", help="replace golden files made from other weights, config or inputs"
     )
+    gold.add_argument(
+        "--allow-nonfinite", action="store_true", help="write stages holding NaN or Inf instead of refusing"
+    )
     limits(gold)
     gold.set_defaults(func=golden.cmd_golden)
 

@@ -94,6 +94,7 @@ def write_golden(
     float64: bool,
     sources: Sequence[str] | None = None,
     made_with: dict[str, Any] | None = None,
+    allow_nonfinite: bool = False,
 ) -> list[Path]:
     """Write inputs, extras, stages (float32, and float64 if asked), config, README and provenance into `out`.
 
@@ -116,7 +117,9 @@ def write_golden(
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".golden-staging-", dir=out))
     try:
-        names = _write_golden_files(staging, weights_path, config, weights, pixel_values, grid_thws, float64, sources)
+        names = _write_golden_files(
+            staging, weights_path, config, weights, pixel_values, grid_thws, float64, sources, allow_nonfinite
+        )
         files = {name: provenance.file_digest(staging / name) for name in names}
         record = {"format": GOLDEN_FORMAT, "made_with": made_with, "weights": str(weights_path), "files": files}
         moving = {name: sorted({earlier.get(name), files.get(name)} - {None}) for name in {*earlier, *files}}
@@ -130,6 +133,21 @@ def write_golden(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return written
+
+
+class NonFinite(ValueError):
+    """A stage of the reference holds NaN or Inf: golden values nobody should port against."""
+
+
+def check_finite(stages: dict[str, np.ndarray], dtype: str) -> None:
+    """NonFinite naming the first stage (in the reference's order) that holds NaN or Inf."""
+    for name, value in stages.items():
+        bad = ~np.isfinite(value)
+        if bad.any():
+            raise NonFinite(
+                f"stage {name} of the {dtype} computation holds {int(bad.sum())} NaN or Inf values (weights or inputs "
+                "too large for it?): no golden values written; --allow-nonfinite writes them anyway"
+            )
 
 
 class ForeignFiles(ValueError):
@@ -216,8 +234,10 @@ def _write_golden_files(
     grid_thws: np.ndarray,
     float64: bool,
     sources: Sequence[str] | None,
+    allow_nonfinite: bool = False,
 ) -> list[str]:
-    """The golden files themselves, written into `out`; returns their names."""
+    """The golden files themselves, written into `out`; returns their names. NonFinite when a stage holds NaN or
+    Inf, unless `allow_nonfinite`."""
     from . import reference
     from .atomic import atomic_file, write_text
 
@@ -247,6 +267,8 @@ def _write_golden_files(
             pixel_values, grid_thws, weights, config, dtype, return_intermediates=True
         )
         M = stages["merged"].shape[0]
+        if not allow_nonfinite:
+            check_finite(stages, dtype)
         save(f"stages_{dtype}.npz", **stages, **{f"output_{n}": o for n, o in enumerate(outputs)})
     write_text(out / "config.json", json.dumps({"vision_config": config.to_dict()}, indent=2) + "\n")
     written.append("config.json")
@@ -330,9 +352,10 @@ def _golden(args: argparse.Namespace, out: Path) -> int:
         raise support.CLIError(support.one_line(e)) from None
     try:
         written = write_golden(
-            out, args.weights, config, weights, pixel_values, grid_thws, args.float64, sources, made_with
-        )
-    except ForeignFiles as e:
+            out, args.weights, config, weights, pixel_values, grid_thws, args.float64, sources, made_with,
+            allow_nonfinite=args.allow_nonfinite,
+        )  # fmt: skip
+    except (ForeignFiles, NonFinite) as e:
         raise support.CLIError(support.one_line(e)) from None
     except ValueError as e:
         raise support.CLIError(f"inputs do not fit checkpoint {args.weights}: {support.one_line(e)}") from None

@@ -734,6 +734,24 @@ def test_encode_refuses_a_nonfinite_embedding_naming_the_image_and_stage(tmp_pat
         assert not np.isfinite(data["image_0"]).any()
 
 
+def test_golden_refuses_nonfinite_stages_unless_asked(tmp_path, capsys):
+    """Finite but huge weights (3e38) make every stage NaN: golden writes no such values for porters (the folder
+    stays empty) and names the first stage; --allow-nonfinite writes them."""
+    config, weights = load_checkpoint(TINY)
+    huge = {
+        k: (np.full_like(v, 3e38) if k == "vision_tower.patch_embed.proj.weight" else v) for k, v in weights.items()
+    }
+    save_checkpoint(tmp_path / "ckpt", huge, config, dtype="float32")
+    out = tmp_path / "golden"
+    args = ["golden", "--weights", str(tmp_path / "ckpt"), "--out", str(out)]
+    assert cli.main(args) == 2
+    assert "stage patch_embed of the float32 computation holds" in error_line(capsys)
+    assert not [p for p in out.iterdir() if not p.name.startswith(".")]
+    assert cli.main([*args, "--allow-nonfinite"]) == 0
+    with np.load(out / "stages_float32.npz") as stages:
+        assert not np.isfinite(stages["patch_embed"]).all()
+
+
 def test_demo_never_replaces_pictures_it_did_not_write(tmp_path, capsys):
     out = tmp_path / "demo"
     out.mkdir()
