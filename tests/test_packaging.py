@@ -33,6 +33,7 @@ IMPORT_TO_DIST = {
     "pyarrow": {"pyarrow"},
     "ipywidgets": {"ipywidgets"},  # the notebooks' optional explorers
     "fsspec": {"fsspec"},
+    "aiohttp": {"aiohttp"},  # fetch's session limits (hub._client_timeout)
     "huggingface_hub": {"huggingface_hub", "huggingface-hub"},
     "pytest": {"pytest"},
     "nbformat": {"nbformat"},
@@ -49,7 +50,6 @@ TOOLS = {
     "ruff": ("tests/test_style.py", 'shutil.which("ruff")'),
     "ipykernel": ("tests/test_notebooks.py", 'kernel_name="python3"'),
     "jupyterlab": ("CONTRIBUTING.md", "in Jupyter"),
-    "aiohttp": ("moonvit_kernels/hub.py", 'fsspec.filesystem("http")'),  # fsspec's HTTP file system runs on it
     "setuptools": ("tests/test_wheel.py", "--no-build-isolation"),  # builds the wheel (PEP 639 license: >= 77)
     # the cuda13 extra's pins: the libraries numba-cuda loads (NVVM, nvJitLink) and their release
     "nvidia-nvvm": ("moonvit_kernels/numba_backend/nvvm.py", 'load_nvidia_dynamic_lib("nvvm")'),

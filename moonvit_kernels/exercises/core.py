@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-FP32_EPS = float(np.finfo(np.float32).eps)
+from ..config import FP32_EPS
+
 # Every output element starts as this value (float) or INT_SENTINEL (int32): what still holds it was
 # never written.
 SENTINEL = np.float32(-7.77e37)
