@@ -73,3 +73,11 @@ def read_only_folder(folder):
         if immutable:
             subprocess.run(["chattr", "-i", str(folder)], check=True)
         folder.chmod(0o755)
+
+
+def non_square(rows: int, cols: int) -> tuple[int, int]:
+    """`(rows, cols)`, refused when equal: on a square grid a row stride taken from the wrong dimension, or rows
+    and columns swapped, reads the same element and the test cannot fail."""
+    if rows == cols:
+        raise ValueError(f"a {rows}x{cols} grid is square: a transpose or stride bug would pass; use rows != cols")
+    return rows, cols

@@ -14,7 +14,7 @@ from formulations import (
     bilinear_scalar,
     rnd,
 )
-from helpers import assert_close
+from helpers import assert_close, non_square
 from tiers import EMULATOR, GPU_GRID, GPU_L, K3, gpu_rand
 
 from moonvit_kernels import reference as ref
@@ -129,7 +129,7 @@ class TestReference:
 
 # ============================================================================
 # numba kernel (the CUDA simulator without a GPU)
-H0, W0 = 6, 5  # a non-square learned grid, so swapped axes fail
+H0, W0 = non_square(6, 5)  # a non-square learned grid, so swapped axes or a wrong row stride fail
 
 
 # image upsampled rows / downsampled columns + video with the opposite; identity image + one identity axis
@@ -248,9 +248,14 @@ class TestCudaEmulator:
 
     @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
     def test_pos_emb(self, k, mode):
-        config = VisionConfig.tiny().replace(pos_emb_interpolation_mode=mode)
-        # 6x6 is the grid's own size (identity), the others interpolate; t = 3 and 2 are videos
-        check_pos_emb(k, config, np.array([[1, 6, 6], [3, 4, 8], [1, 10, 4], [2, 2, 12]]))
+        # the learned grid is H0 x W0 = 6 x 5 (non-square: a row stride taken from the height, or swapped axes,
+        # would read the wrong patch); 6x5 is the grid's own size (identity), the others interpolate; t = 3 and 2
+        # are videos
+        h0, w0 = non_square(H0, W0)
+        config = VisionConfig.tiny().replace(
+            pos_emb_interpolation_mode=mode, init_pos_emb_height=h0, init_pos_emb_width=w0
+        )
+        check_pos_emb(k, config, np.array([[1, h0, w0], [3, 4, 8], [1, 10, 4], [2, 2, 12]]))
 
 
 # ============================================================================
