@@ -691,3 +691,21 @@ def test_bench_wrappers_forward_their_options(monkeypatch):
         monkeypatch.setattr(bench, "gpu_check", fake)
         assert bench.main(["--simulate", "--skip-tower", "--out", "x"]) == 0
         assert seen == [["--backends", backends, "--sections", "kernels", "--out", "x", "--simulate"]]
+
+
+def test_a_unit_run_in_process_leaves_the_launchers_as_it_found_them(monkeypatch, tmp_path):
+    """The binary recorder wraps the launchers' `_kernel` for a CUDA C unit (on the emulator too); run in the
+    caller's process (--in-process, tests) it must put them back, or later code meets its wrapper."""
+    from moonvit_kernels.cuda_backend import hopper_launchers, launchers
+
+    before = (launchers._kernel, hopper_launchers._kernel)
+    monkeypatch.setattr(worker, "unit_items", lambda spec, plan, sink, ctx: [])
+
+    class Sink:
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+    spec = {"unit": {"section": "kernels", "family": "CUDA C"}, "options": {"simulate": True, "quick": True},
+            "deadline": time.time() + 60, "scratch": str(tmp_path)}  # fmt: skip
+    assert worker.run_unit(spec, Sink()) == 0
+    assert (launchers._kernel, hopper_launchers._kernel) == before and hasattr(launchers._kernel, "cache_clear")

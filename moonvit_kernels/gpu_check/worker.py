@@ -128,12 +128,11 @@ def run_unit(spec: dict[str, Any], sink: Any) -> int:
     """Run the unit `spec` names, from item `spec["first"]` on, writing to `sink`; 0, or STICKY_EXIT."""
     from . import faults
     from .plan import plan_from_options
-    from .report import ERROR, SKIP
-    from .sections import Budget, Context, ItemFailed
+    from .sections import Budget, Context
 
     plan = plan_from_options(spec["options"])
     fault = faults.parse_fault(spec.get("fault"))
-    section, family = spec["unit"]["section"], spec["unit"]["family"]
+    family = spec["unit"]["family"]
     shared = spec.setdefault("shared", {})  # the same dict: an in-process caller sees what this unit shares
     ctx = Context(spec.get("gpu"), fault, Budget(at=spec["deadline"]), Path(spec["scratch"]), shared, sink)
     recorder = None
@@ -142,6 +141,21 @@ def run_unit(spec: dict[str, Any], sink: Any) -> int:
 
         recorder = BinaryRecorder()
         recorder.install()
+    try:
+        return _run_items(spec, plan, sink, ctx, recorder)
+    finally:
+        if recorder is not None:
+            recorder.uninstall()  # an in-process run (--in-process, the tests) leaves the launchers as it found them
+
+
+def _run_items(spec: dict[str, Any], plan: Any, sink: Any, ctx: Any, recorder: Any) -> int:
+    """`run_unit`'s loop over its unit's items, from `spec["first"]` on; 0, or STICKY_EXIT."""
+    from . import faults
+    from .report import ERROR, SKIP
+    from .sections import ItemFailed
+
+    section, family = spec["unit"]["section"], spec["unit"]["family"]
+    fault = ctx.fault
     try:
         items = unit_items(spec, plan, sink, ctx)
     except ItemFailed:
