@@ -48,7 +48,28 @@ def guard_cases(rng: np.random.Generator) -> list[Case]:
     return [
         _guard_case(rng, 37, 1, 64, "one block of 64 threads for n = 37 elements"),
         _guard_case(rng, 45, 3, 16, "3 blocks of 16 threads for n = 45 elements"),
+        _guard_case(rng, 100, 4, 32, "4 blocks of 32 threads for n = 100: blockDim.x differs per case, read it"),
     ]
+
+
+def _guard_fixed_block(size: int) -> Suspect:
+    """i = blockIdx.x·size + threadIdx.x with the block size written as a number, not cuda.blockDim.x."""
+
+    def model(case: Case) -> np.ndarray:
+        n, threads = case.out_shape[0], int(case.block)
+        if threads == size:
+            raise ValueError("the fixed size is this case's own: indistinguishable")
+        out = np.full(n, np.nan)
+        i = (np.arange(int(case.grid))[:, None] * size + np.arange(threads)[None, :]).ravel()
+        i = i[i < n]
+        out[i] = case.expected[i]
+        return out
+
+    return Suspect(
+        f"a kernel that multiplies blockIdx.x by a fixed {size} instead of cuda.blockDim.x writes: the block size "
+        "is the launch's choice and differs between the cases — read it from cuda.blockDim.x (or use cuda.grid(1))",
+        model,
+    )
 
 
 # ============================================================================ 3 broadcast over 2-D blocks
@@ -234,6 +255,7 @@ EXERCISES = (
             "i = cuda.blockIdx.x·cuda.blockDim.x + cuda.threadIdx.x (= cuda.grid(1)); only if i < n: "
             "out[i] = a[i] + b[i].",
         ),
+        suspects=tuple(_guard_fixed_block(size) for size in (16, 32, 64)),
     ),
     Exercise(
         "warm_broadcast_2d",
@@ -339,6 +361,6 @@ EXERCISES = (
             "tile[tx, …] walks down a column of the tile: with 32 floats per row every lane hits the same bank "
             "(32-way conflict). Declare the tile (32, 33): the extra column shifts each row by one bank.",
         ),
-        perf=traffic_check(global_arrays=("a", "out"), shared_arrays=("*",), max_factor=2.0),
+        perf=traffic_check(global_arrays=("a", "out"), shared_arrays=("*",), max_factor=2.0, max_shared_factor=1.0),
     ),
 )
