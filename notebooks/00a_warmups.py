@@ -88,7 +88,7 @@ result = check("warm_map", warm_map)
 # ### 2. Guard
 #
 # NumPy: `out = a + b`. Now the launch has **more threads than elements**, spread over several blocks
-# (one block of 64 threads for 37 elements; three blocks of 16 for 45). A thread outside the array must do
+# (one block of 64 threads for 37 elements; three of 16 for 45; four of 32 for 100). A thread outside the array must do
 # nothing — the simulator stops at an index out of bounds, a GPU silently writes over whatever lies there.
 
 
