@@ -95,6 +95,14 @@ PLANTS: dict[str, list[tuple[str, list[tuple[str, str]], str]]] = {
             "r and c swapped",
         ),  # fmt: skip
         ("forgets blockIdx.y", [("r = cuda.blockIdx.y * cuda.blockDim.y + ", "r = ")], "never written: rows r 4–10"),
+        (
+            "blockDim hard-coded as 8×4",
+            [
+                ("cuda.blockIdx.x * cuda.blockDim.x", "cuda.blockIdx.x * 8"),
+                ("cuda.blockIdx.y * cuda.blockDim.y", "cuda.blockIdx.y * 4"),
+            ],
+            "by 8 and blockIdx.y by 4 (the first case's block)",
+        ),  # fmt: skip
     ],
     "warm_shared_window": [
         (

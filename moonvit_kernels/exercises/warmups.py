@@ -76,29 +76,45 @@ def _guard_fixed_block(size: int) -> Suspect:
 BCAST_BLOCK = (8, 4)  # (x along columns, y along rows)
 
 
-def _bcast_case(rng: np.random.Generator, rows: int, cols: int) -> Case:
+def _bcast_case(rng: np.random.Generator, rows: int, cols: int, block: tuple[int, int] = BCAST_BLOCK) -> Case:
     a, b = _v(rng, rows), _v(rng, cols)
     want = a.astype(np.float64)[:, None] * b.astype(np.float64)[None, :]
-    grid = (ceil_div(cols, BCAST_BLOCK[0]), ceil_div(rows, BCAST_BLOCK[1]))
+    grid = (ceil_div(cols, block[0]), ceil_div(rows, block[1]))
     return Case(
-        [a, b, OUT, np.int32(rows), np.int32(cols)], (rows, cols), grid, BCAST_BLOCK, want,
+        [a, b, OUT, np.int32(rows), np.int32(cols)], (rows, cols), grid, block, want,
         2 * FP32_EPS * np.abs(want) + 1e-30, "a, b, out, rows, cols", ("rows r", "columns c"),
-        label=f"{rows} rows × {cols} columns, a {grid[1]}×{grid[0]} grid of 4×8-thread blocks",
-        out_tile=(BCAST_BLOCK[1], BCAST_BLOCK[0]),
+        label=f"{rows} rows × {cols} columns, a {grid[1]}×{grid[0]} grid of {block[1]}×{block[0]}-thread blocks",
+        out_tile=(block[1], block[0]),
     )  # fmt: skip
 
 
 def broadcast_cases(rng: np.random.Generator) -> list[Case]:
-    return [_bcast_case(rng, 11, 19), _bcast_case(rng, 3, 22)]
+    # The second case's blocks are 2×16, not 4×8: a kernel must read blockDim, not the first case's numbers.
+    return [_bcast_case(rng, 11, 19), _bcast_case(rng, 3, 22, (16, 2))]
 
 
 def _bcast_swapped(case: Case) -> np.ndarray:
-    """r from the x axis (blockIdx.x·8 + threadIdx.x), c from y: the outputs inside both ranges."""
+    """r from the x axis (blockIdx.x·blockDim.x + threadIdx.x), c from y: the outputs inside both ranges."""
     rows, cols = case.out_shape
     gx, gy = case.grid
+    bx, by = case.block
     out = np.full((rows, cols), np.nan)
-    r_max, c_max = min(rows, gx * BCAST_BLOCK[0]), min(cols, gy * BCAST_BLOCK[1])
+    r_max, c_max = min(rows, gx * bx), min(cols, gy * by)
     out[:r_max, :c_max] = case.expected[:r_max, :c_max]
+    return out
+
+
+def _bcast_fixed_block(case: Case) -> np.ndarray:
+    """c = blockIdx.x·8 + threadIdx.x, r = blockIdx.y·4 + threadIdx.y: the first case's block as numbers."""
+    rows, cols = case.out_shape
+    (gx, gy), (bx, by) = case.grid, case.block
+    if (bx, by) == BCAST_BLOCK:
+        raise ValueError("this case's block is the fixed one: indistinguishable")
+    c = (np.arange(gx)[:, None] * BCAST_BLOCK[0] + np.arange(bx)[None, :]).ravel()
+    r = (np.arange(gy)[:, None] * BCAST_BLOCK[1] + np.arange(by)[None, :]).ravel()
+    c, r = np.unique(c[c < cols]), np.unique(r[r < rows])
+    out = np.full((rows, cols), np.nan)
+    out[np.ix_(r, c)] = case.expected[np.ix_(r, c)]
     return out
 
 
@@ -273,6 +289,12 @@ EXERCISES = (
                 "a kernel with r and c swapped writes (r taken from the x axis, c from y): it covers an area of "
                 "the wrong shape — x (blockIdx.x, threadIdx.x) should run along the columns",
                 _bcast_swapped,
+            ),
+            Suspect(
+                "a kernel that multiplies blockIdx.x by 8 and blockIdx.y by 4 (the first case's block) instead of "
+                "cuda.blockDim.x and cuda.blockDim.y writes: the block shape is the launch's choice and differs "
+                "between the cases",
+                _bcast_fixed_block,
             ),
         ),
     ),
