@@ -156,6 +156,14 @@ PLANTS: dict[str, list[tuple[str, list[tuple[str, str]], str]]] = {
             "m and n swapped",
         ),  # fmt: skip
         ("no bounds test", [("if m < M and n < N:", "if True:")], "out of bounds"),
+        (
+            "blockDim hard-coded as 16",
+            [
+                ("cuda.blockIdx.x * cuda.blockDim.x", "cuda.blockIdx.x * 16"),
+                ("cuda.blockIdx.y * cuda.blockDim.y", "cuda.blockIdx.y * 16"),
+            ],
+            "multiplies blockIdx by 16",
+        ),
     ],
     "gemm_tile_loads": [
         (
