@@ -99,8 +99,8 @@ EXERCISES = (
             ),
             Suspect(
                 "a kernel that multiplies blockIdx by 16 instead of cuda.blockDim.x and cuda.blockDim.y writes: "
-                "the block shape is the launch's choice (the third case's blocks are 32×4 threads) — read it "
-                "from blockDim",
+                "the block shape is the launch's choice (the third case's blocks are 4×32 threads: 4 rows of 32) "
+                "— read it from blockDim",
                 _fixed_block,
             ),
         ),
