@@ -88,7 +88,7 @@ result = check("warm_map", warm_map)
 # ### 2. Guard
 #
 # NumPy: `out = a + b`. Now the launch has **more threads than elements**, spread over several blocks
-# (one block of 64 threads for 37 elements; three blocks of 16 for 45). A thread outside the array must do
+# (one block of 64 threads for 37 elements; three of 16 for 45; four of 32 for 100). A thread outside the array must do
 # nothing — the simulator stops at an index out of bounds, a GPU silently writes over whatever lies there.
 
 
@@ -107,12 +107,12 @@ result = check("warm_guard", warm_guard)
 # ### 3. Blocks in 2-D
 #
 # NumPy: `out = a[:, None] * b[None, :]` (an outer product, `rows × cols`). The launch is the picture above:
-# blocks of 4×8 threads, `x` across the columns, `y` down the rows, enough blocks to cover the output —
-# and the two cases are not square.
+# blocks of 4×8 threads (2×16 in the second case), `x` across the columns, `y` down the rows, enough blocks
+# to cover the output — and the two cases are not square.
 
 
 # %%
-# YOUR TURN: warm_broadcast_2d — launched by check() as warm_broadcast_2d[(⌈cols/8⌉, ⌈rows/4⌉), (8, 4)](a, b, out, rows, cols)
+# YOUR TURN: warm_broadcast_2d — launched by check() as warm_broadcast_2d[(⌈cols/bx⌉, ⌈rows/by⌉), (bx, by)](a, b, out, rows, cols)
 @cuda.jit
 def warm_broadcast_2d(a, b, out, rows, cols):
     # ▼ your code

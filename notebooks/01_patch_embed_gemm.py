@@ -543,7 +543,7 @@ print(note)
 # blocks laid out like C (`x` across the columns).
 
 # %%
-# YOUR TURN: gemm_naive — launched by check() as gemm_naive[(⌈N/16⌉, ⌈M/16⌉), (16, 16)](A, B, C, M, N, K)
+# YOUR TURN: gemm_naive — launched by check() as gemm_naive[(⌈N/bx⌉, ⌈M/by⌉), (bx, by)](A, B, C, M, N, K)
 from numba import float32
 
 from moonvit_kernels.exercises import check, hint, solution

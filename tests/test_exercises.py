@@ -75,7 +75,9 @@ PLANTS: dict[str, list[tuple[str, list[tuple[str, str]], str]]] = {
     "warm_guard": [
         ("no bounds test", [("if i < n:", "if True:")], "out of bounds"),
         ("off-by-one bound", [("if i < n:", "if i <= n:")], "out of bounds"),
-        ("ignores the block", [("cuda.blockIdx.x * cuda.blockDim.x + ", "")], "case 2 of 2"),
+        ("ignores the block", [("cuda.blockIdx.x * cuda.blockDim.x + ", "")], "case 2 of 3"),
+        ("blockDim hard-coded as 16", [("cuda.blockIdx.x * cuda.blockDim.x", "cuda.blockIdx.x * 16")], "a fixed 16"),
+        ("blockDim hard-coded as 64", [("cuda.blockIdx.x * cuda.blockDim.x", "cuda.blockIdx.x * 64")], "a fixed 64"),
     ],
     "warm_broadcast_2d": [
         (
@@ -93,6 +95,14 @@ PLANTS: dict[str, list[tuple[str, list[tuple[str, str]], str]]] = {
             "r and c swapped",
         ),  # fmt: skip
         ("forgets blockIdx.y", [("r = cuda.blockIdx.y * cuda.blockDim.y + ", "r = ")], "never written: rows r 4–10"),
+        (
+            "blockDim hard-coded as 8×4",
+            [
+                ("cuda.blockIdx.x * cuda.blockDim.x", "cuda.blockIdx.x * 8"),
+                ("cuda.blockIdx.y * cuda.blockDim.y", "cuda.blockIdx.y * 4"),
+            ],
+            "by 8 and blockIdx.y by 4 (the first case's block)",
+        ),  # fmt: skip
     ],
     "warm_shared_window": [
         (
@@ -128,6 +138,7 @@ PLANTS: dict[str, list[tuple[str, list[tuple[str, str]], str]]] = {
             "the store to out",
         ),  # fmt: skip
         ("unpadded tile", [("(TILE, TILE + 1)", "(TILE, TILE)")], "32.0-way bank conflicts"),
+        ("padded by two", [("(TILE, TILE + 1)", "(TILE, TILE + 2)")], "2.0-way bank conflicts"),
     ],
     "gemm_naive": [
         (
@@ -145,6 +156,14 @@ PLANTS: dict[str, list[tuple[str, list[tuple[str, str]], str]]] = {
             "m and n swapped",
         ),  # fmt: skip
         ("no bounds test", [("if m < M and n < N:", "if True:")], "out of bounds"),
+        (
+            "blockDim hard-coded as 16",
+            [
+                ("cuda.blockIdx.x * cuda.blockDim.x", "cuda.blockIdx.x * 16"),
+                ("cuda.blockIdx.y * cuda.blockDim.y", "cuda.blockIdx.y * 16"),
+            ],
+            "multiplies blockIdx by 16",
+        ),
     ],
     "gemm_tile_loads": [
         (
@@ -194,6 +213,21 @@ PLANTS: dict[str, list[tuple[str, list[tuple[str, str]], str]]] = {
             "one column per thread",
             [("for j in range(tid, cols, THREADS):  # columns", "for j in range(tid, THREADS, THREADS):  #")],
             "a different one per row",
+        ),  # fmt: skip
+        (
+            "contiguous chunk per thread",
+            [
+                (
+                    "for j in range(tid, cols, THREADS):  # columns",
+                    "chunk = (cols + THREADS - 1) // THREADS\n"
+                    "    for j in range(tid * chunk, min(cols, tid * chunk + chunk)):  #",
+                ),
+                (
+                    "for j in range(tid, cols, THREADS):\n        out[row, j]",
+                    "for j in range(tid * chunk, min(cols, tid * chunk + chunk)):\n        out[row, j]",
+                ),
+            ],
+            "is uncoalesced",
         ),  # fmt: skip
     ],
     "rope_rotate_pairs": [
@@ -443,6 +477,40 @@ def test_planted_wrong_kernel_is_rejected_with_its_bug_named(name, what, edits, 
     result = check(name, planted(name, edits), verbose=False)
     assert not result.passed, f"{name}: the planted kernel ({what}) passes"
     assert says in result.message, f"{name} ({what}): the verdict does not say {says!r}:\n{result.message}"
+
+
+# Seeds at which an earlier flash checker (random scores only) accepted the unmasked tile (issue 28).
+FLASH_SEEDS = (0, 2, 3, 4, 17, 18)
+
+
+@pytest.mark.parametrize("seed", FLASH_SEEDS)
+def test_an_unmasked_flash_tile_fails_at_every_seed(seed):
+    """The case whose scores are all negative makes the unmasked tail keys (score 0) dominate at any seed."""
+    ((_, edits, _),) = [p for p in PLANTS["flash_attention_tiles"] if p[0] == "keys past the item not masked"]
+    result = check("flash_attention_tiles", planted("flash_attention_tiles", edits), seed=seed, verbose=False)
+    assert not result.passed and "does not mask the keys past the item's end" in result.message, result.message
+    assert check("flash_attention_tiles", load_solution("flash_attention_tiles"), seed=seed, verbose=False).passed
+
+
+def test_the_checkers_teach_what_the_notebooks_teach():
+    """A blockDim written as a number fails (the cases change the block size); a transpose tile padded to 34
+    is 2-way conflicted and slow (notebook 07: 33 is conflict-free, 34 costs 2 wavefronts); a contiguous chunk
+    of the row per thread in RMSNorm is uncoalesced, on the loads of x."""
+    assert len({c.block for c in EXERCISES["warm_guard"].cases(np.random.default_rng(0))}) >= 3
+    from numba import config
+
+    if not config.ENABLE_CUDASIM:
+        pytest.skip("coalescing and bank conflicts are traced only under the CUDA simulator")
+    plants = {(n, what): edits for n, ps in PLANTS.items() for what, edits, _ in ps}
+    result = check(
+        "warm_transpose", planted("warm_transpose", plants["warm_transpose", "padded by two"]), verbose=False
+    )
+    assert not result.passed and "but slow" in result.message and "33 words, not 34" in result.message
+    chunked = planted("rmsnorm_sum_and_scale", plants["rmsnorm_sum_and_scale", "contiguous chunk per thread"])
+    result = check("rmsnorm_sum_and_scale", chunked, verbose=False)
+    assert not result.passed and "but slow" in result.message
+    assert "the load of x (line" in result.message and "is uncoalesced" in result.message
+    assert "12 bytes apart" in result.message  # a chunk of 3 columns of 4 bytes
 
 
 def test_catalogue_lists_every_exercise_once():

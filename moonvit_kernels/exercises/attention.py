@@ -65,12 +65,19 @@ def flash_tiles_table(cu: np.ndarray) -> np.ndarray:
     return np.array(rows, dtype=np.int32).reshape(-1, 2)
 
 
-def flash_case(rng: np.random.Generator, lengths: tuple[int, ...]) -> Case:
+def flash_case(rng: np.random.Generator, lengths: tuple[int, ...], negative: bool = False) -> Case:
+    """`negative`: every score of every item is below −4 (keys point away from the queries), so a key past
+    the item's end that is not masked (score 0 from its zero-filled row) outweighs every real key — the
+    missing mask fails at any seed, not only when the random scores happen to be low."""
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     L = int(cu[-1])
     q = awkward(rng, (L, FLASH_HD), scale=5.0)
     k = awkward(rng, (L, FLASH_HD), scale=5.0)
     v = awkward(rng, (L, FLASH_HD))
+    if negative:
+        u = np.full(FLASH_HD, 1.0 / math.sqrt(FLASH_HD))
+        q = (u * rng.uniform(4.0, 6.0, (L, 1)) + 0.3 * rng.standard_normal((L, FLASH_HD))).astype(np.float32)
+        k = (-u * rng.uniform(4.0, 6.0, (L, 1)) + 0.3 * rng.standard_normal((L, FLASH_HD))).astype(np.float32)
     scale = np.float32(1.0 / math.sqrt(FLASH_HD))
     want = np.empty((L, FLASH_HD))
     bound = np.empty((L, FLASH_HD))
@@ -88,13 +95,14 @@ def flash_case(rng: np.random.Generator, lengths: tuple[int, ...]) -> Case:
         arg_names="q, k, v, cu_seqlens, tiles, out, scale",
         axes=("queries", "dims"),
         label=f"{len(lengths)} packed items of {', '.join(map(str, lengths))} tokens: {len(tiles)} query tiles of "
-        f"{FLASH_BQ}, key tiles of {FLASH_BK} (the last of each item partial)",
+        f"{FLASH_BQ}, key tiles of {FLASH_BK} (the last of each item partial)"
+        + (", every score negative (an unmasked key past the end would outweigh them all)" if negative else ""),
         row_groups=groups,
     )
 
 
 def flash_cases(rng: np.random.Generator) -> list[Case]:
-    return [flash_case(rng, (6, 13)), flash_case(rng, (3, 17, 9))]
+    return [flash_case(rng, (6, 13)), flash_case(rng, (3, 17, 9)), flash_case(rng, (5, 11), negative=True)]
 
 
 def _flash_model(case: Case, rescale: bool = True, mask: bool = True, across_items: bool = False) -> np.ndarray:

@@ -83,7 +83,8 @@ class Exercise:
 
     `language` is "numba" (the learner passes a @cuda.jit kernel) or "cuda_c" (the kernel's source
     text, compiled by the CPU emulator; `entry` is the __global__ function's name). `perf`, when set,
-    takes (kernel, case) and returns problems about speed (empty: fine), with notes for the verdict.
+    takes (kernel, case) and returns problems about speed (empty: fine), with notes for the verdict; it
+    traces case `perf_case` (an index into the cases; the last by default).
     """
 
     name: str
@@ -95,6 +96,7 @@ class Exercise:
     perf: Callable[[Any, Case], tuple[list[str], list[str]]] | None = None
     language: str = "numba"
     entry: str = ""
+    perf_case: int = -1
 
 
 @dataclass
@@ -392,21 +394,23 @@ def run_check(ex: Exercise, kernel: Any, launch: Launcher, seed: int = 0) -> Che
     head = _launch_text(ex, cases[failed_at - 1] if failed_at else cases[0])
     notes: list[str] = []
     if not problems and ex.perf is not None:
+        traced = cases[ex.perf_case]
+        traced_number = ex.perf_case % n + 1
         try:
-            perf_problems, notes = ex.perf(kernel, cases[-1])
+            perf_problems, notes = ex.perf(kernel, traced)
         except Exception as e:  # the tracer could not run this kernel: say so, do not fail it
             perf_problems, notes = [], [f"the performance check could not run: {type(e).__name__}: {e}"]
         if perf_problems:
             message = "\n".join(
                 [
-                    f"✗ {ex.name}: correct on all {n} cases, but slow — traced on case {n} "
-                    f"({cases[-1].label}), CUDA simulator, model, no GPU",
+                    f"✗ {ex.name}: correct on all {n} cases, but slow — traced on case {traced_number} "
+                    f"({traced.label}), CUDA simulator, model, no GPU",
                     *(f"  • {p}" for p in perf_problems),
                     f"  hint: {ex.hints[0]}",
                     f'  more hints: hint("{ex.name}")',
                 ]
             )
-            return CheckResult(ex.name, False, message, got, cases[-1].expected, perf_problems, n)
+            return CheckResult(ex.name, False, message, got, traced.expected, perf_problems, traced_number)
     if not problems:
         message = f"✓ {ex.name}: correct on all {n} cases ({'; '.join(c.label for c in cases)})."
         message += "".join(f"\n  {t}" for t in notes)

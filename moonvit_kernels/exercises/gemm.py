@@ -11,22 +11,26 @@ NB = "01_patch_embed_gemm"
 TILE = 16
 
 
-def gemm_case(rng: np.random.Generator, M: int, N: int, K: int, per_block: int, label: str) -> Case:
-    """`C = A·Bᵀ` with blocks of 16×16 threads each owning `per_block`² outputs."""
+def gemm_case(
+    rng: np.random.Generator, M: int, N: int, K: int, per_block: int, label: str, block: tuple[int, int] | None = None
+) -> Case:
+    """`C = A·Bᵀ` with blocks of 16×16 threads each owning `per_block`² outputs, or (one thread per output)
+    blocks of `block` = (x, y) threads, each owning y×x outputs."""
     a = awkward(rng, (M, K))
     b = awkward(rng, (N, K))
-    grid = (ceil_div(N, per_block), ceil_div(M, per_block))
+    tile = (per_block, per_block) if block is None else (block[1], block[0])
+    grid = (ceil_div(N, tile[1]), ceil_div(M, tile[0]))
     return Case(
         args=[a, b, OUT, np.int32(M), np.int32(N), np.int32(K)],
         out_shape=(M, N),
         grid=grid,
-        block=(TILE, TILE),
+        block=(TILE, TILE) if block is None else block,
         expected=a.astype(np.float64) @ b.astype(np.float64).T,
         bound=gemm_bound(a, b),
         arg_names="A, B, C, M, N, K",
         axes=("rows m", "columns n"),
         label=f"M = {M}, N = {N}, K = {K}: {label}, a {grid[1]}×{grid[0]} grid (block rows × block columns)",
-        out_tile=(per_block, per_block),
+        out_tile=tile,
     )
 
 
@@ -34,6 +38,7 @@ def naive_cases(rng: np.random.Generator) -> list[Case]:
     return [
         gemm_case(rng, 29, 19, 35, TILE, "partial tiles everywhere"),
         gemm_case(rng, 40, 9, 21, TILE, "non-square, more block rows than block columns"),
+        gemm_case(rng, 13, 37, 10, 0, "blocks of 4×32 threads, not 16×16: read blockDim", block=(32, 4)),
     ]
 
 
@@ -54,9 +59,23 @@ def register_cases(rng: np.random.Generator) -> list[Case]:
 def _axes_swapped(case: Case) -> np.ndarray:
     """m from the x axis (blockIdx.x, threadIdx.x) and n from y: what lands inside C is right."""
     M, N = case.out_shape
-    gx, gy = case.grid
+    (gx, gy), (bx, by) = case.grid, case.block
     out = np.full((M, N), np.nan)
-    out[: min(M, TILE * gx), : min(N, TILE * gy)] = case.expected[: TILE * gx, : TILE * gy]
+    out[: min(M, bx * gx), : min(N, by * gy)] = case.expected[: bx * gx, : by * gy]
+    return out
+
+
+def _fixed_block(case: Case) -> np.ndarray:
+    """n = blockIdx.x·16 + threadIdx.x, m = blockIdx.y·16 + threadIdx.y: blockDim written as 16."""
+    M, N = case.out_shape
+    (gx, gy), (bx, by) = case.grid, case.block
+    if (bx, by) == (TILE, TILE):
+        raise ValueError("this case's block is 16×16: indistinguishable")
+    n = (np.arange(gx)[:, None] * TILE + np.arange(bx)[None, :]).ravel()
+    m = (np.arange(gy)[:, None] * TILE + np.arange(by)[None, :]).ravel()
+    n, m = np.unique(n[n < N]), np.unique(m[m < M])
+    out = np.full((M, N), np.nan)
+    out[np.ix_(m, n)] = case.expected[np.ix_(m, n)]
     return out
 
 
@@ -77,6 +96,12 @@ EXERCISES = (
                 "a kernel with m and n swapped writes (m taken from the x axis, n from y): with M ≠ N the grid "
                 "covers the wrong area — x runs along the columns n",
                 _axes_swapped,
+            ),
+            Suspect(
+                "a kernel that multiplies blockIdx by 16 instead of cuda.blockDim.x and cuda.blockDim.y writes: "
+                "the block shape is the launch's choice (the third case's blocks are 4×32 threads: 4 rows of 32) "
+                "— read it from blockDim",
+                _fixed_block,
             ),
         ),
     ),

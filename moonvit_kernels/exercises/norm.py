@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import reference
 from .core import FP32_EPS, OUT, Case, Exercise, awkward
+from .perf import traffic_check
 
 NB = "02_rmsnorm"
 THREADS, EPS = 32, 1e-5
@@ -34,7 +35,7 @@ def rmsnorm_case(rng: np.random.Generator, rows: int, cols: int, label: str) -> 
 
 def rmsnorm_cases(rng: np.random.Generator) -> list[Case]:
     return [
-        rmsnorm_case(rng, 7, 75, "75 is not a multiple of 32"),
+        rmsnorm_case(rng, 7, 75, "75 is not a multiple of 32"),  # the coalescing trace runs on this one
         rmsnorm_case(rng, 4, 20, "fewer columns than threads"),
     ]
 
@@ -62,6 +63,11 @@ EXERCISES = (
             "starting at its own.",
             "for j in range(tid, cols, THREADS): acc += x[row, j]²; after the reduction the same loop writes "
             "out[row, j] = x[row, j]·r·weight[j], with r = 1/√(Σx²/cols + eps) — divide by cols, not by THREADS.",
+            "Why strided and not a contiguous chunk per thread: the 32 lanes of a warp load together, so in one "
+            "step they should touch 32 neighbouring columns (one 128-byte line). Lane tid taking columns "
+            "tid·chunk … tid·chunk + chunk − 1 spreads each step over chunk× as many sectors: uncoalesced.",
         ),
+        perf=traffic_check(global_arrays=("x", "weight", "out"), max_factor=2.0),
+        perf_case=0,  # 75 columns: a chunk of 3 per thread (with 20 columns a chunk is 1 column, coalesced)
     ),
 )

@@ -9,6 +9,7 @@ addresses, not timings).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,10 +53,16 @@ def _site_text(site: Any) -> str:
 
 
 def traffic_check(
-    global_arrays: Sequence[str] = (), shared_arrays: Sequence[str] = (), max_factor: float = 2.0
+    global_arrays: Sequence[str] = (),
+    shared_arrays: Sequence[str] = (),
+    max_factor: float = 2.0,
+    max_shared_factor: float | None = None,
 ) -> PerfCheck:
     """A perf check: every global access of `global_arrays` within `max_factor` × the ideal sectors, and
-    every shared access of `shared_arrays` within `max_factor` × the ideal wavefronts ("*": every array)."""
+    every shared access of `shared_arrays` within `max_shared_factor` (default `max_factor`) × the ideal
+    wavefronts ("*": every array). A shared limit of 1.0 is what notebook 07 teaches: a padded row of 33
+    words is conflict-free, one of 34 words is a 2-way conflict (2 wavefronts) and counts as slow."""
+    shared_limit = max_factor if max_shared_factor is None else max_shared_factor
 
     def check(kernel: Any, case: Case) -> tuple[list[str], list[str]]:
         from numba import config
@@ -70,29 +77,45 @@ def traffic_check(
                 continue
             unit = "sectors" if s.space == "global" else "wavefronts"
             seen.append(f"{s.kind} {s.array} {s.per_request:.1f} {unit}/request ({s.factor:.2g}× ideal)")
-            if s.factor <= max_factor:
+            if s.factor <= (max_factor if s.space == "global" else shared_limit) + 1e-9:
                 continue
             stride = _lane_stride(records, s)
             ideal = s.ideal / s.requests
             if s.space == "global":
                 why = (
-                    f"neighbouring lanes (threadIdx.x) touch addresses {stride} bytes apart, so each lands in its own "
-                    "32-byte sector and most of every sector moved is wasted. Make threadIdx.x run along the "
-                    "array's last (contiguous) index"
+                    f"neighbouring lanes (threadIdx.x) touch addresses {stride} bytes apart instead of one element "
+                    "apart, so a warp's request spreads over many more 32-byte sectors than its bytes fill and most "
+                    "of every sector moved is wasted"
+                    + (
+                        " (a thread that walks its own contiguous chunk of the row puts its neighbours a chunk away)"
+                        if abs(stride) < 32
+                        else ""
+                    )
+                    + ". Make threadIdx.x run along the array's last (contiguous) index: lane l takes element "
+                    "l, l + 32, … (a strided loop)"
                     if stride is not None and abs(stride) > 8
                     else "the warp's addresses are scattered over many 32-byte sectors"
                 )
                 problems.append(
-                    f"{_site_text(s)} costs {s.per_request:.1f} sectors per warp request where {ideal:.1f} would hold "
-                    f"its bytes ({s.factor:.1f}× the traffic): {why}."
+                    f"{_site_text(s)} is uncoalesced: it costs {s.per_request:.1f} sectors per warp request where "
+                    f"{ideal:.1f} would hold its bytes ({s.factor:.1f}× the traffic): {why}."
                 )
             else:
-                why = (
-                    f"neighbouring lanes touch words {stride} bytes apart: a stride that is a multiple of 32 words "
-                    "(128 bytes) puts them all in one bank, served one after another. Pad the row by one element"
-                    if stride is not None and stride % 128 == 0 and stride
-                    else "several lanes want different words of the same bank and are served one after another"
-                )
+                if stride is not None and stride % 128 == 0 and stride:
+                    why = (
+                        f"neighbouring lanes touch words {stride} bytes apart: a stride that is a multiple of 32 words "
+                        "(128 bytes) puts them all in one bank, served one after another. Pad the row by one element"
+                    )
+                elif stride is not None and stride % 8 == 0 and stride:
+                    words = abs(stride) // 4
+                    why = (
+                        f"neighbouring lanes touch words {words} apart (a row of {words} words): bank = "
+                        f"{words}·lane mod 32 repeats every {32 // math.gcd(words, 32)} lanes, so "
+                        f"{math.gcd(words, 32)} lanes share each bank. Only an odd row length is conflict-free: pad "
+                        "a row of 32 to 33 words, not 34"
+                    )
+                else:
+                    why = "several lanes want different words of the same bank and are served one after another"
                 problems.append(
                     f"{_site_text(s)} takes {s.per_request:.1f} wavefronts per warp request where {ideal:.1f} would do "
                     f"({s.factor:.1f}-way bank conflicts): {why}."

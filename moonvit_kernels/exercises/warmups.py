@@ -48,36 +48,73 @@ def guard_cases(rng: np.random.Generator) -> list[Case]:
     return [
         _guard_case(rng, 37, 1, 64, "one block of 64 threads for n = 37 elements"),
         _guard_case(rng, 45, 3, 16, "3 blocks of 16 threads for n = 45 elements"),
+        _guard_case(rng, 100, 4, 32, "4 blocks of 32 threads for n = 100: blockDim.x differs per case, read it"),
     ]
+
+
+def _guard_fixed_block(size: int) -> Suspect:
+    """i = blockIdx.x·size + threadIdx.x with the block size written as a number, not cuda.blockDim.x."""
+
+    def model(case: Case) -> np.ndarray:
+        n, threads = case.out_shape[0], int(case.block)
+        if threads == size:
+            raise ValueError("the fixed size is this case's own: indistinguishable")
+        out = np.full(n, np.nan)
+        i = (np.arange(int(case.grid))[:, None] * size + np.arange(threads)[None, :]).ravel()
+        i = i[i < n]
+        out[i] = case.expected[i]
+        return out
+
+    return Suspect(
+        f"a kernel that multiplies blockIdx.x by a fixed {size} instead of cuda.blockDim.x writes: the block size "
+        "is the launch's choice and differs between the cases — read it from cuda.blockDim.x (or use cuda.grid(1))",
+        model,
+    )
 
 
 # ============================================================================ 3 broadcast over 2-D blocks
 BCAST_BLOCK = (8, 4)  # (x along columns, y along rows)
 
 
-def _bcast_case(rng: np.random.Generator, rows: int, cols: int) -> Case:
+def _bcast_case(rng: np.random.Generator, rows: int, cols: int, block: tuple[int, int] = BCAST_BLOCK) -> Case:
     a, b = _v(rng, rows), _v(rng, cols)
     want = a.astype(np.float64)[:, None] * b.astype(np.float64)[None, :]
-    grid = (ceil_div(cols, BCAST_BLOCK[0]), ceil_div(rows, BCAST_BLOCK[1]))
+    grid = (ceil_div(cols, block[0]), ceil_div(rows, block[1]))
     return Case(
-        [a, b, OUT, np.int32(rows), np.int32(cols)], (rows, cols), grid, BCAST_BLOCK, want,
+        [a, b, OUT, np.int32(rows), np.int32(cols)], (rows, cols), grid, block, want,
         2 * FP32_EPS * np.abs(want) + 1e-30, "a, b, out, rows, cols", ("rows r", "columns c"),
-        label=f"{rows} rows × {cols} columns, a {grid[1]}×{grid[0]} grid of 4×8-thread blocks",
-        out_tile=(BCAST_BLOCK[1], BCAST_BLOCK[0]),
+        label=f"{rows} rows × {cols} columns, a {grid[1]}×{grid[0]} grid of {block[1]}×{block[0]}-thread blocks",
+        out_tile=(block[1], block[0]),
     )  # fmt: skip
 
 
 def broadcast_cases(rng: np.random.Generator) -> list[Case]:
-    return [_bcast_case(rng, 11, 19), _bcast_case(rng, 3, 22)]
+    # The second case's blocks are 2×16, not 4×8: a kernel must read blockDim, not the first case's numbers.
+    return [_bcast_case(rng, 11, 19), _bcast_case(rng, 3, 22, (16, 2))]
 
 
 def _bcast_swapped(case: Case) -> np.ndarray:
-    """r from the x axis (blockIdx.x·8 + threadIdx.x), c from y: the outputs inside both ranges."""
+    """r from the x axis (blockIdx.x·blockDim.x + threadIdx.x), c from y: the outputs inside both ranges."""
     rows, cols = case.out_shape
     gx, gy = case.grid
+    bx, by = case.block
     out = np.full((rows, cols), np.nan)
-    r_max, c_max = min(rows, gx * BCAST_BLOCK[0]), min(cols, gy * BCAST_BLOCK[1])
+    r_max, c_max = min(rows, gx * bx), min(cols, gy * by)
     out[:r_max, :c_max] = case.expected[:r_max, :c_max]
+    return out
+
+
+def _bcast_fixed_block(case: Case) -> np.ndarray:
+    """c = blockIdx.x·8 + threadIdx.x, r = blockIdx.y·4 + threadIdx.y: the first case's block as numbers."""
+    rows, cols = case.out_shape
+    (gx, gy), (bx, by) = case.grid, case.block
+    if (bx, by) == BCAST_BLOCK:
+        raise ValueError("this case's block is the fixed one: indistinguishable")
+    c = (np.arange(gx)[:, None] * BCAST_BLOCK[0] + np.arange(bx)[None, :]).ravel()
+    r = (np.arange(gy)[:, None] * BCAST_BLOCK[1] + np.arange(by)[None, :]).ravel()
+    c, r = np.unique(c[c < cols]), np.unique(r[r < rows])
+    out = np.full((rows, cols), np.nan)
+    out[np.ix_(r, c)] = case.expected[np.ix_(r, c)]
     return out
 
 
@@ -234,6 +271,7 @@ EXERCISES = (
             "i = cuda.blockIdx.x·cuda.blockDim.x + cuda.threadIdx.x (= cuda.grid(1)); only if i < n: "
             "out[i] = a[i] + b[i].",
         ),
+        suspects=tuple(_guard_fixed_block(size) for size in (16, 32, 64)),
     ),
     Exercise(
         "warm_broadcast_2d",
@@ -251,6 +289,12 @@ EXERCISES = (
                 "a kernel with r and c swapped writes (r taken from the x axis, c from y): it covers an area of "
                 "the wrong shape — x (blockIdx.x, threadIdx.x) should run along the columns",
                 _bcast_swapped,
+            ),
+            Suspect(
+                "a kernel that multiplies blockIdx.x by 8 and blockIdx.y by 4 (the first case's block) instead of "
+                "cuda.blockDim.x and cuda.blockDim.y writes: the block shape is the launch's choice and differs "
+                "between the cases",
+                _bcast_fixed_block,
             ),
         ),
     ),
@@ -339,6 +383,6 @@ EXERCISES = (
             "tile[tx, …] walks down a column of the tile: with 32 floats per row every lane hits the same bank "
             "(32-way conflict). Declare the tile (32, 33): the extra column shifts each row by one bank.",
         ),
-        perf=traffic_check(global_arrays=("a", "out"), shared_arrays=("*",), max_factor=2.0),
+        perf=traffic_check(global_arrays=("a", "out"), shared_arrays=("*",), max_factor=2.0, max_shared_factor=1.0),
     ),
 )
