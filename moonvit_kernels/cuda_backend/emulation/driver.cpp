@@ -1,6 +1,6 @@
 // driver.cpp — C entry points (ctypes) that launch the CUDA C kernels on the CPU emulator with the
-// same grid/block/shared-memory geometry as moonvit_kernels/cupy_kernels.py.
-// Built by moonvit_kernels/kernels/cuda/emulation/__init__.py; prelude.h is force-included.
+// same grid/block/shared-memory geometry as moonvit_kernels/cuda_backend/launchers.py, for the X-ray's traced
+// build (tracing.py, with trace_hooks.cpp); prelude.h is force-included.
 #include "gemm_bf16.cu"
 #include "gemm_fp32.cu"
 #include "attention.cu"
@@ -81,16 +81,6 @@ void emu_rmsnorm(int in_bf16, int out_bf16, const void* x, const float* w, void*
   if (!in_bf16 && out_bf16) rms_launch<float, bf16>(x, w, y, rstd, rows, D, eps);
   if (in_bf16 && !out_bf16) rms_launch<bf16, float>(x, w, y, rstd, rows, D, eps);
   if (in_bf16 && out_bf16) rms_launch<bf16, bf16>(x, w, y, rstd, rows, D, eps);
-}
-void emu_rope(int bf16_, void* qkv, const int* tp, const float* freqs, int L, int H, int hd) {
-  const long long total = (long long)L * 2 * H * (hd / 4);
-  const unsigned blocks = unsigned((total + 255) / 256);
-  if (bf16_) emu::launch(dim3{blocks, 1, 1}, dim3{256, 1, 1}, 0, [&] { rope_2d_inplace<bf16>((bf16*)qkv, tp, freqs, L, H, hd); });
-  else emu::launch(dim3{blocks, 1, 1}, dim3{256, 1, 1}, 0, [&] { rope_2d_inplace<float>((float*)qkv, tp, freqs, L, H, hd); });
-}
-void emu_pos_emb(int bicubic, float* x, const int* tp, const int* grid, const float* pw, const float* tt, int L, int D, int H0, int W0) {
-  if (bicubic) emu::launch(dim3{unsigned(L), 1, 1}, dim3{256, 1, 1}, 0, [&] { add_pos_emb<4>(x, tp, grid, pw, tt, D, H0, W0); });
-  else emu::launch(dim3{unsigned(L), 1, 1}, dim3{256, 1, 1}, 0, [&] { add_pos_emb<2>(x, tp, grid, pw, tt, D, H0, W0); });
 }
 void emu_merge(int in_bf16, int out_bf16, const void* x, void* out, const int* ms, int M, int D, int kh, int kw) {
   if (!in_bf16 && !out_bf16) merge_launch<float, float>(x, out, ms, M, D, kh, kw);
