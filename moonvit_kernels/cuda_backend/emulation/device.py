@@ -276,16 +276,6 @@ def empty_like(a: Any, dtype: Any = None) -> ndarray:
     return empty(np.shape(a), dtype=a.dtype if dtype is None else dtype)
 
 
-def asnumpy(a: Any) -> np.ndarray:
-    return a.get() if isinstance(a, ndarray) else np.asarray(a)
-
-
-def get_array_module(*args: Any) -> Any:
-    import sys
-
-    return sys.modules[__name__]
-
-
 def make_aligned_dtype(dtype: Any, *, alignment: int = -1, recurse: bool = True) -> np.dtype:
     """`cupy.make_aligned_dtype`: a structured dtype padded to `alignment`, which it also records
     (in the dtype's metadata) for the launch marshalling."""
