@@ -198,10 +198,6 @@ def _blocks_text(mask: np.ndarray, case: Case) -> str | None:
 
 
 # ============================================================================ diagnosis
-def _written_mask(case: Case, got: np.ndarray) -> np.ndarray:
-    return got != case.fill
-
-
 def diagnose(case: Case, got: np.ndarray, guard: np.ndarray | None) -> list[str]:
     """Plain-words problems of one run's output (empty when it matches the reference)."""
     fill = case.fill
