@@ -38,6 +38,12 @@ extern "C" __global__ void shuffle_after_exit(const float* x, float* out) {
   if (threadIdx.x >= 16) return;
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, x[threadIdx.x], 1);  // AFTER EXIT
 }
+extern "C" __global__ void down_sum_and_broadcast(const float* x, float* out) {
+  float v = x[threadIdx.x];
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+  const float up = __shfl_up_sync(0xffffffffu, x[threadIdx.x], 1);
+  out[threadIdx.x] = __shfl_sync(0xffffffffu, v, 0) + 0.0f * up;
+}
 extern "C" __global__ void votes(const float* x, float* out) {
   const unsigned b = __ballot_sync(0xffffffffu, x[threadIdx.x] > 0.0f);
   const bool any = __any_sync(0xffffffffu, x[threadIdx.x] > 100.0f);
@@ -97,6 +103,11 @@ def test_a_full_warp_sum_and_a_half_warp_shuffle_named_by_its_mask_pass(mod):
     for w in range(2):
         want[32 * w : 32 * w + 16] = x[32 * w : 32 * w + 16].sum()
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_shfl_down_and_up_pass(mod):
+    x, out = _run(mod, "down_sum_and_broadcast", 32)
+    np.testing.assert_allclose(out, np.full(32, x.astype(np.float64).sum()), rtol=1e-5, atol=1e-5)
 
 
 def test_votes_and_a_barrier_in_a_loop_pass(mod):

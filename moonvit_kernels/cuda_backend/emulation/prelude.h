@@ -349,6 +349,24 @@ inline T shfl_xor_sync(Site s, unsigned mask, T v, int lane_mask) {
   finish_collective();
   return r;
 }
+template <typename T>
+inline T shfl_down_sync(Site s, unsigned mask, T v, unsigned delta) {  // width 32: lanes past 31 keep their value
+  begin_collective(s, mask);
+  *slot<T>(lane()) = v;
+  exchanged();
+  const T r = lane() + delta < 32 ? *slot<T>(lane() + delta) : v;
+  finish_collective();
+  return r;
+}
+template <typename T>
+inline T shfl_up_sync(Site s, unsigned mask, T v, unsigned delta) {  // lanes below delta keep their value
+  begin_collective(s, mask);
+  *slot<T>(lane()) = v;
+  exchanged();
+  const T r = unsigned(lane()) >= delta ? *slot<T>(lane() - delta) : v;
+  finish_collective();
+  return r;
+}
 inline unsigned ballot_sync(Site s, unsigned mask, int pred) {
   begin_collective(s, mask);
   *slot<int>(lane()) = pred != 0;
@@ -372,6 +390,8 @@ inline void syncwarp(Site s, unsigned mask = 0xffffffffu) {
 #define __syncthreads() emu::syncthreads_at(EMU_SITE("__syncthreads"))
 #define __shfl_sync(mask, ...) emu::shfl_sync(EMU_SITE("__shfl_sync"), mask, __VA_ARGS__)
 #define __shfl_xor_sync(mask, ...) emu::shfl_xor_sync(EMU_SITE("__shfl_xor_sync"), mask, __VA_ARGS__)
+#define __shfl_down_sync(mask, ...) emu::shfl_down_sync(EMU_SITE("__shfl_down_sync"), mask, __VA_ARGS__)
+#define __shfl_up_sync(mask, ...) emu::shfl_up_sync(EMU_SITE("__shfl_up_sync"), mask, __VA_ARGS__)
 #define __ballot_sync(mask, pred) emu::ballot_sync(EMU_SITE("__ballot_sync"), mask, pred)
 #define __any_sync(mask, pred) (emu::ballot_sync(EMU_SITE("__any_sync"), mask, pred) != 0u)
 #define __all_sync(mask, pred) (emu::ballot_sync(EMU_SITE("__all_sync"), mask, pred) == (mask))
