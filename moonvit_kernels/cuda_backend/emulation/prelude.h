@@ -9,7 +9,10 @@
 // in alternating order within a warp. So warps drift as far apart as the barriers allow, and a
 // read that no barrier orders after another thread's write tends to see the wrong value.
 // Static __shared__ arrays become function statics (stale from the previous block, like real
-// shared memory); dynamic shared memory starts as 0xCD garbage. cp.async copies are deferred
+// shared memory); dynamic shared memory starts as 0xCD garbage. Hardware's rules are enforced (the macros at
+// the end record each call's __FILE__:__LINE__): the live threads of a block must wait at the same __syncthreads
+// (threads that exited do not count), and a shuffle or vote's mask must name exactly lanes that execute it with
+// that mask — each violation aborts the launch naming the intrinsic and its line(s). cp.async copies are deferred
 // until the wait that retires their group. Not modelled: speed, the device's exact maths.
 // Denormals: the kernels are compiled with -ftz=true (sources.compile_options, as CuPy does), so
 // fp32 arithmetic reads and writes subnormals as signed zero; a launch sets the CPU's
