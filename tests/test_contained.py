@@ -105,7 +105,11 @@ def _launch(module, name, x):
         ("far_store", r"far_store: .*SIGSEGV.* block \(0, 0, 0\), thread \(7, 0, 0\), a write to address 0x"),
         ("aborts", r"aborts: the kernel crashed: SIGABRT .* block \(0, 0, 0\), thread \(0, 0, 0\)"),
         ("traps", r"(?s)traps: .*SIGABRT .* block \(1, 0, 0\), thread \(0, 0, 0\).*__trap\(\) called"),
-        ("diverges", r"(?s)diverges: the kernel crashed: SIGABRT .*block \(0, 0, 0\).*threads of one warp wait at"),
+        (
+            "diverges",  # lanes 16..31 shuffle with a full mask while lanes 0..15 wait at __syncthreads
+            r"(?s)diverges: the kernel crashed: SIGABRT .*block \(0, 0, 0\).*bad warp mask: __shfl_sync\(0xffffffff, "
+            r"\.\.\.\) at module.cpp:\d+.*names lane 0, which waits at __syncthreads at module.cpp:\d+ instead",
+        ),
     ],
 )
 def test_a_faulting_launch_raises_launch_error_and_the_process_lives_on(faults, name, says):

@@ -116,6 +116,21 @@ PLANTS: dict[str, list[tuple[str, list[tuple[str, str]], str]]] = {
         ("unguarded halo read", [("a[i + 1] if i + 1 < n else float32(0.0)", "a[i + 1]")], "out of bounds"),
     ],
     "warm_block_sum": [
+        (
+            "a barrier in each branch",  # issue 28, class 5: threads of one block wait at two syncthreads() sites
+            [
+                (
+                    "        cuda.syncthreads()  # outside the if: every thread of the block reaches it\n"
+                    "        if t < stride:\n",
+                    "        if t < stride:\n            cuda.syncthreads()\n",
+                ),
+                (
+                    "            partial[t] += partial[t + stride]\n",
+                    "            partial[t] += partial[t + stride]\n        else:\n            cuda.syncthreads()\n",
+                ),
+            ],
+            "divergent barrier",
+        ),  # fmt: skip
         ("tree starts at 8", [("stride = THREADS // 2", "stride = THREADS // 4")], "starts at stride 8"),
         ("one element per thread", [("x1 = a[base + THREADS + t] if", "x1 = float32(0.0) if")], "only one element"),
         (
@@ -352,6 +367,11 @@ PLANTS: dict[str, list[tuple[str, list[tuple[str, str]], str]]] = {
             "scale by their own partial sums",
         ),
         ("divides by 32", [("rsqrtf(s / cols + eps)", "rsqrtf(s / 32 + eps)")], "a different one per row"),
+        (
+            "half-warp mask",  # issue 28, class 3: 0xffff names lanes 0-15 while all 32 lanes shuffle
+            [("__shfl_xor_sync(0xffffffffu, s, offset)", "__shfl_xor_sync(0xffffu, s, offset)")],
+            "bad warp mask: __shfl_xor_sync(0x0000ffff, ...) at module.cpp:9",
+        ),  # fmt: skip
     ],
     "mma_fragments": [
         (

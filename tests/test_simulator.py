@@ -67,6 +67,34 @@ def one_thread_raises(x, out):
     cuda.syncthreads()
 
 
+@cuda.jit
+def barrier_inside_an_if(x, out):
+    """Planted fault (issue 28, class 5): the first warp waits at one `syncthreads()`, the rest at another."""
+    tile = cuda.shared.array(THREADS, float32)
+    t = cuda.threadIdx.x
+    tile[t] = x[t]
+    if t < 32:
+        cuda.syncthreads()  # BARRIER A
+        out[t] = tile[THREADS - 1 - t]
+    else:
+        cuda.syncthreads()  # BARRIER B
+        out[t] = tile[THREADS - 1 - t]
+
+
+@cuda.jit
+def barrier_in_a_loop_and_a_count(x, out):
+    """Correct: one barrier site reached in every iteration, and `syncthreads_count` (two barriers inside)."""
+    tile = cuda.shared.array(THREADS, float32)
+    t = cuda.threadIdx.x
+    v = x[t]
+    for _ in range(3):
+        tile[t] = v
+        cuda.syncthreads()
+        v = tile[THREADS - 1 - t]
+        cuda.syncthreads()
+    out[t] = v + cuda.syncthreads_count(v > 0) * 0
+
+
 @cuda.jit(device=True, inline="always")
 def mirror(i, n):
     return n - 1 - i  # reads no `cuda`: called directly
@@ -132,3 +160,30 @@ def test_device_functions_see_the_simulated_thread():
     np.testing.assert_array_equal(out, (np.arange(THREADS) % 32)[::-1])
     assert mirror._moonvit_direct is True  # called without swapping module globals
     assert my_lane._moonvit_direct is False  # swapped, as numba does
+
+
+def _line_of(marker):
+    """The line of this file holding `marker` (the planted barriers' sites)."""
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if marker in line and "_line_of" not in line)
+
+
+def test_a_barrier_inside_an_if_is_rejected_naming_both_sites():
+    x = _values(THREADS)
+    out = np.zeros(THREADS, np.float32)
+    with pytest.raises(RuntimeError, match="divergent barrier") as err:
+        barrier_inside_an_if[1, THREADS](x, out)
+    message = str(err.value)
+    for marker in ("# BARRIER A", "# BARRIER B"):
+        assert f"test_simulator.py:{_line_of(marker)}" in message, message
+    # nothing is left behind: the next launch runs normally
+    good = np.full(THREADS, np.nan, np.float32)
+    reverse_through_shared[1, THREADS](x, good)
+    np.testing.assert_array_equal(good, x[::-1])
+
+
+def test_one_barrier_site_in_a_loop_and_syncthreads_count_pass():
+    x = _values(THREADS)
+    out = np.full(THREADS, np.nan, np.float32)
+    barrier_in_a_loop_and_a_count[1, THREADS](x, out)
+    np.testing.assert_array_equal(out, x[::-1])

@@ -164,7 +164,8 @@ EXERCISES = (
             "s += __shfl_xor_sync(0xffffffff, s, offset) (a butterfly: afterwards all 32 lanes hold the sum). "
             "r = rsqrtf(s / cols + eps); out[row·cols + j] = x[row·cols + j]·r·weight[j] over the lane's columns.",
             "__shfl_down_sync leaves the total in lane 0 only: broadcast it with __shfl_sync(0xffffffff, s, 0) or "
-            "use the xor butterfly. (The emulator implements __shfl_sync and __shfl_xor_sync.)",
+            "use the xor butterfly. (The emulator implements __shfl_sync, __shfl_xor_sync, __shfl_up_sync and "
+            "__shfl_down_sync, and checks their masks as hardware requires: 0xffffffff names all 32 lanes.)",
         ),
         suspects=(
             Suspect(

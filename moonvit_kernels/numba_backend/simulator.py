@@ -12,6 +12,10 @@ not to the kernels:
    others when they were all waiting on it. numba's rules are kept: a barrier waits for every thread of the
    block that has not returned; the first exception aborts the block (waiting threads raise "abort flag
    set", as in numba) and is raised from the launch, named by thread and block.
+   One rule is added, as hardware has it: every thread of a generation must wait at the same
+   `syncthreads()` call (its file:line, read from the caller's frame). A thread arriving at another site
+   (a barrier inside an `if`) fails the launch with `DivergentBarrier`, naming both sites; on a GPU that is
+   undefined behaviour, commonly a hang. A thread that returns still does not hold the others (numba's rule).
 2. **Every device-function call swapped module globals.** numba wraps each call of a `device=True`
    function in `swapped_cuda_module`, which re-imports `numba.cuda`, takes two locks and scans the
    function's module for globals bound to `cuda`, to point them at the simulated module. A device function
@@ -26,6 +30,8 @@ simulator is on.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import types
 from typing import Any
@@ -43,13 +49,29 @@ class _Barrier:
         self.live = threads
         self.waiting = 0
         self.generation = 0
+        self.site: str | None = None  # where this generation's first thread waits (file:line)
         self.failed: Any = None  # the first thread that raised
 
     def release(self) -> None:
         """Let every waiting thread through (call with `cond` held)."""
         self.waiting = 0
+        self.site = None
         self.generation += 1
         self.cond.notify_all()
+
+
+class DivergentBarrier(RuntimeError):
+    """Threads of one block wait at different `syncthreads()` calls: undefined behaviour on a GPU (commonly a hang)."""
+
+
+def call_site(skip: tuple[str, ...]) -> str:
+    """`file:line` of the innermost frame outside the files and folders in `skip` (the kernel's call)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back
+    if frame is None:
+        return "<unknown>"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def names_cuda(fn: Any, cuda_module: Any, fake_module_type: type) -> bool:
@@ -77,12 +99,23 @@ def install() -> None:
     from numba.cuda.simulator import kernelapi as api
     from numba.cuda.simulator.kernelapi import FakeCUDAModule
 
+    skip = (os.path.dirname(sim.__file__) + os.sep, __file__, threading.__file__)
+
     class WaitingBlockThread(sim.BlockThread):
         def syncthreads(self) -> None:
+            site = call_site(skip)
             b = self._manager.barrier
             with b.cond:
                 if b.failed is not None:
                     raise RuntimeError("abort flag set on syncthreads call")
+                if b.site is None:
+                    b.site = site
+                elif b.site != site:
+                    raise DivergentBarrier(
+                        f"divergent barrier: this thread waits at syncthreads() at {site}, while other threads of its "
+                        f"block wait at syncthreads() at {b.site}; every thread of a block that has not returned must "
+                        "reach the same barrier (on a GPU this is undefined behaviour, commonly a hang)"
+                    )
                 generation = b.generation
                 b.waiting += 1
                 if b.waiting == b.live:

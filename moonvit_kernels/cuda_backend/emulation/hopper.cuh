@@ -756,6 +756,7 @@ void launch_async(dim3 grid, dim3 block, size_t smem, int regs_at_entry, F kerne
           for (auto& f : b.fibers) live += f.state != emu::DONE, at_block += f.state == emu::AT_BLOCK_BARRIER;
           if (live == 0) break;
           if (at_block == live) {
+            emu::check_block_barrier(b);
             for (auto& f : b.fibers)
               if (f.state == emu::AT_BLOCK_BARRIER) f.state = emu::RUNNABLE;
             continue;

@@ -9,7 +9,10 @@
 // in alternating order within a warp. So warps drift as far apart as the barriers allow, and a
 // read that no barrier orders after another thread's write tends to see the wrong value.
 // Static __shared__ arrays become function statics (stale from the previous block, like real
-// shared memory); dynamic shared memory starts as 0xCD garbage. cp.async copies are deferred
+// shared memory); dynamic shared memory starts as 0xCD garbage. Hardware's rules are enforced (the macros at
+// the end record each call's __FILE__:__LINE__): the live threads of a block must wait at the same __syncthreads
+// (threads that exited do not count), and a shuffle or vote's mask must name exactly lanes that execute it with
+// that mask — each violation aborts the launch naming the intrinsic and its line(s). cp.async copies are deferred
 // until the wait that retires their group. Not modelled: speed, the device's exact maths.
 // Denormals: the kernels are compiled with -ftz=true (sources.compile_options, as CuPy does), so
 // fp32 arithmetic reads and writes subnormals as signed zero; a launch sets the CPU's
@@ -60,12 +63,29 @@ struct CpAsync {
 };
 enum Wait { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
 
+// Where a thread waits: the intrinsic and its source line (__FILE__/__LINE__ of the call, through the macros
+// at the end of this file). `what` is null when the thread is in no barrier or shuffle/vote these record.
+struct Site {
+  const char* what = nullptr;
+  const char* file = "";
+  int line = 0;
+};
+inline const char* base_name(const char* path) {
+  const char* slash = std::strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
+inline bool same_site(const Site& a, const Site& b) {
+  return a.what && b.what && a.line == b.line && std::strcmp(a.what, b.what) == 0 && std::strcmp(a.file, b.file) == 0;
+}
+
 struct Fiber {
   ucontext_t ctx;
   std::unique_ptr<char[]> stack;  // uninitialised: only the pages a thread touches are committed
   dim3 tid;
   int warp = 0, lane = 0;
   Wait state = RUNNABLE;
+  Site site;          // the __syncthreads / warp shuffle or vote this thread waits at
+  unsigned mask = 0;  // the member mask of its warp shuffle or vote
   std::vector<std::vector<CpAsync>> groups;  // committed cp.async groups, not yet waited for
   std::vector<CpAsync> open;                 // issued, not yet committed
 };
@@ -131,6 +151,61 @@ inline void deadlock(const char* why) {
   std::abort();
 }
 
+// Before a block barrier opens: every live thread must wait at the same __syncthreads (hardware requires it;
+// a barrier inside divergent code is undefined behaviour, commonly a hang). Threads that exited do not count.
+inline void check_block_barrier(Block& b) {
+  const Fiber* first = nullptr;
+  for (const Fiber& f : b.fibers) {
+    if (f.state != AT_BLOCK_BARRIER) continue;
+    if (!first) {
+      first = &f;
+    } else if (!same_site(first->site, f.site)) {
+      std::fprintf(stderr,
+                   "emulation: divergent barrier: thread (%u, %u, %u) waits at %s at %s:%d while thread (%u, %u, %u) "
+                   "waits at %s at %s:%d; every thread of a block that has not exited must reach the same "
+                   "__syncthreads (on a GPU this is undefined behaviour, commonly a hang)\n",
+                   f.tid.x, f.tid.y, f.tid.z, f.site.what ? f.site.what : "a barrier", base_name(f.site.file),
+                   f.site.line, first->tid.x, first->tid.y, first->tid.z,
+                   first->site.what ? first->site.what : "a barrier", base_name(first->site.file), first->site.line);
+      std::abort();
+    }
+  }
+}
+
+// Inside a warp shuffle or vote, once its warp barrier opened (every live lane of the warp is in a collective):
+// the running lane's mask must name itself and only lanes that execute the same intrinsic with the same mask.
+// A lane named in the mask that has exited, or waits elsewhere, is an error, as is a lane left out of its own mask.
+inline void check_warp_mask() {
+  const Fiber& me = *g_cur;
+  const Site& s = me.site;
+  auto fail = [&](const char* why, int other, const char* detail) {
+    std::fprintf(stderr,
+                 "emulation: bad warp mask: %s(0x%08x, ...) at %s:%d, executed by lane %d of warp %d (block thread "
+                 "(%u, %u, %u)): %s lane %d%s; every lane a shuffle or vote names must execute it with the same "
+                 "mask, and every lane that executes it must be named\n",
+                 s.what, me.mask, base_name(s.file), s.line, me.lane, me.warp, me.tid.x, me.tid.y, me.tid.z, why, other,
+                 detail);
+    std::abort();
+  };
+  if (!(me.mask >> me.lane & 1u)) fail("the mask leaves out", me.lane, ", which executes it");
+  for (int l = 0; l < 32; ++l) {
+    if (!(me.mask >> l & 1u) || l == me.lane) continue;
+    const Fiber& o = g_block->fibers[32 * me.warp + l];
+    if (o.state == DONE) fail("the mask names", l, ", which has exited");
+    if (!o.site.what || std::strcmp(o.site.what, s.what) != 0) {
+      char where[256];
+      std::snprintf(where, sizeof where, ", which waits at %s at %s:%d instead",
+                    o.site.what ? o.site.what : "another warp collective", base_name(o.site.file), o.site.line);
+      fail("the mask names", l, where);
+    }
+    if (o.mask != me.mask) {
+      char other[64];
+      std::snprintf(other, sizeof other, ", which executes it with mask 0x%08x", o.mask);
+      fail("the mask names", l, other);
+    }
+  }
+}
+
 // Run the 32 threads of warp `w` (lanes in alternating order, warp barriers released as they
 // fill) until each one waits at __syncthreads or has exited. Warps run one after another,
 // as far apart as the block barriers allow.
@@ -156,7 +231,29 @@ inline void run_warp_to_block_barrier(Block& b, int w) {
         if (b.fibers[32 * w + l].state == AT_WARP_BARRIER) b.fibers[32 * w + l].state = RUNNABLE;
       continue;
     }
-    if (at_warp > 0 && !ran) deadlock("threads of one warp wait at different barriers");
+      if (at_warp > 0 && !ran) {
+      // Every live lane waits somewhere. A shuffle or vote may run on part of a warp (its mask says which
+      // lanes); it opens, and each lane checks its mask. A ldmatrix / mma.sync needs the whole warp.
+      bool masked = true;
+      for (int l = 0; l < 32; ++l) {
+        const Fiber& f = b.fibers[32 * w + l];
+        masked &= f.state != AT_WARP_BARRIER || f.site.what != nullptr;
+      }
+      if (masked) {
+        for (int l = 0; l < 32; ++l)
+          if (b.fibers[32 * w + l].state == AT_WARP_BARRIER) b.fibers[32 * w + l].state = RUNNABLE;
+        continue;
+      }
+      std::fprintf(stderr, "emulation: in warp %d:", w);
+      for (int l = 0; l < 32; ++l) {
+        const Fiber& f = b.fibers[32 * w + l];
+        if (f.state != DONE && (l == 0 || !same_site(f.site, b.fibers[32 * w + l - 1].site)))
+          std::fprintf(stderr, " lane %d waits at %s at %s:%d;", l, f.site.what ? f.site.what : "a warp collective",
+                       base_name(f.site.file), f.site.line);
+      }
+      std::fprintf(stderr, "\n");
+      deadlock("threads of one warp wait at different barriers");
+    }
     if (!ran) return;
   }
 }
@@ -206,6 +303,7 @@ void launch(dim3 grid, dim3 block, size_t smem, F kernel) {
           for (auto& f : b.fibers) live += f.state != DONE, at_block += f.state == AT_BLOCK_BARRIER;
           if (live == 0) break;
           if (at_block != live) deadlock("a warp waits at a warp collective that some of its threads never reach");
+          check_block_barrier(b);
           for (auto& f : b.fibers)
             if (f.state == AT_BLOCK_BARRIER) f.state = RUNNABLE;
         }
@@ -215,29 +313,98 @@ void launch(dim3 grid, dim3 block, size_t smem, F kernel) {
 }
 }  // namespace emu
 
-inline void __syncthreads() { emu::wait_at(emu::AT_BLOCK_BARRIER); }
+namespace emu {
+inline void syncthreads_at(Site s) {
+  g_cur->site = s;
+  wait_at(AT_BLOCK_BARRIER);
+  g_cur->site = Site{};
+}
+// A shuffle or vote passes two warp barriers: after the first (exchanged), every lane has published its value,
+// site and mask, and the running lane's mask is checked; after the second (finish), every lane has read what
+// it needs, so the exchange slots may be reused.
+inline void begin_collective(Site s, unsigned mask) {
+  g_cur->site = s;
+  g_cur->mask = mask;
+}
+inline void exchanged() {
+  warp_sync();
+  check_warp_mask();
+}
+inline void finish_collective() {
+  warp_sync();
+  g_cur->site = Site{};
+}
+template <typename T>
+inline T shfl_sync(Site s, unsigned mask, T v, int src_lane) {
+  begin_collective(s, mask);
+  *slot<T>(lane()) = v;
+  exchanged();
+  const T r = *slot<T>(src_lane & 31);
+  finish_collective();
+  return r;
+}
+template <typename T>
+inline T shfl_xor_sync(Site s, unsigned mask, T v, int lane_mask) {
+  begin_collective(s, mask);
+  *slot<T>(lane()) = v;
+  exchanged();
+  const T r = *slot<T>((lane() ^ lane_mask) & 31);
+  finish_collective();
+  return r;
+}
+template <typename T>
+inline T shfl_down_sync(Site s, unsigned mask, T v, unsigned delta) {  // width 32: lanes past 31 keep their value
+  begin_collective(s, mask);
+  *slot<T>(lane()) = v;
+  exchanged();
+  const T r = lane() + delta < 32 ? *slot<T>(lane() + delta) : v;
+  finish_collective();
+  return r;
+}
+template <typename T>
+inline T shfl_up_sync(Site s, unsigned mask, T v, unsigned delta) {  // lanes below delta keep their value
+  begin_collective(s, mask);
+  *slot<T>(lane()) = v;
+  exchanged();
+  const T r = unsigned(lane()) >= delta ? *slot<T>(lane() - delta) : v;
+  finish_collective();
+  return r;
+}
+inline unsigned ballot_sync(Site s, unsigned mask, int pred) {
+  begin_collective(s, mask);
+  *slot<int>(lane()) = pred != 0;
+  exchanged();
+  unsigned r = 0;
+  for (int l = 0; l < 32; ++l)
+    if (mask >> l & 1u && *slot<int>(l)) r |= 1u << l;
+  finish_collective();
+  return r;
+}
+inline void syncwarp(Site s, unsigned mask = 0xffffffffu) {
+  begin_collective(s, mask);
+  exchanged();
+  finish_collective();
+}
+}  // namespace emu
 
-template <typename T>
-inline T __shfl_sync(unsigned, T v, int src_lane) {
-  *emu::slot<T>(emu::lane()) = v;
-  emu::warp_sync();
-  const T r = *emu::slot<T>(src_lane & 31);
-  emu::warp_sync();
-  return r;
-}
-template <typename T>
-inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
-  *emu::slot<T>(emu::lane()) = v;
-  emu::warp_sync();
-  const T r = *emu::slot<T>((emu::lane() ^ lane_mask) & 31);
-  emu::warp_sync();
-  return r;
-}
+// Each barrier, shuffle and vote records its call site, so a divergent barrier or a wrong member mask fails the
+// launch naming the intrinsic and its line.
+#define EMU_SITE(what) (emu::Site{what, __FILE__, __LINE__})
+#define __syncthreads() emu::syncthreads_at(EMU_SITE("__syncthreads"))
+#define __shfl_sync(mask, ...) emu::shfl_sync(EMU_SITE("__shfl_sync"), mask, __VA_ARGS__)
+#define __shfl_xor_sync(mask, ...) emu::shfl_xor_sync(EMU_SITE("__shfl_xor_sync"), mask, __VA_ARGS__)
+#define __shfl_down_sync(mask, ...) emu::shfl_down_sync(EMU_SITE("__shfl_down_sync"), mask, __VA_ARGS__)
+#define __shfl_up_sync(mask, ...) emu::shfl_up_sync(EMU_SITE("__shfl_up_sync"), mask, __VA_ARGS__)
+#define __ballot_sync(mask, pred) emu::ballot_sync(EMU_SITE("__ballot_sync"), mask, pred)
+#define __any_sync(mask, pred) (emu::ballot_sync(EMU_SITE("__any_sync"), mask, pred) != 0u)
+#define __all_sync(mask, pred) (emu::ballot_sync(EMU_SITE("__all_sync"), mask, pred) == (mask))
+#define __syncwarp(...) emu::syncwarp(EMU_SITE("__syncwarp") __VA_OPT__(, ) __VA_ARGS__)
 // __trap() ends the launch with an error on a GPU; here it aborts (the launch's child, see device.py).
 [[noreturn]] inline void __trap() {
   std::fprintf(stderr, "emulation: __trap() called\n");
   std::abort();
 }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __int_as_float(int i) {
   float f;
