@@ -271,11 +271,14 @@ def my_rmsnorm(x, weight, eps, out=None, rstd=None):
     return out
 
 
+# the first two patch rows of the image (16 patches: a 2×8 grid), to keep the simulator quick
+small_pixels, small_grid = pixel_values[: 2 * int(grid_thws[0, 2])], np.array([[1, 2, int(grid_thws[0, 2])]])
 with own_kernel("rmsnorm", my_rmsnorm):
     _, mine = MoonViT(config, weights, backend="numba").forward(
-        pixel_values, grid_thws, return_intermediates=True, as_numpy=True
+        small_pixels, small_grid, return_intermediates=True, as_numpy=True
     )
-report = compare_stages(mine, reference64, names=("numba, my rmsnorm", "numpy float64"))
+_, small64 = models["numpy float64"].forward(small_pixels, small_grid, return_intermediates=True)
+report = compare_stages(mine, small64, names=("numba, my rmsnorm", "numpy float64"))
 print(report.table())
 assert report.ok, report.first_divergence
 

@@ -164,9 +164,9 @@ def test_first_nonfinite_row_kernel(shape):
 
 
 def test_bring_your_own_kernel_swaps_one_launcher_and_compare_finds_its_stage():
-    """`own_kernel(stage, launcher)` runs the tower with the learner's launcher: a correct one (here the original,
-    called through the learner's function) diverges nowhere; one that forgets eps's partner (here: scales by 1.01)
-    is named at the first stage it reaches; a launcher with other parameters is refused by name."""
+    """`own_kernel(stage, launcher)` runs the tower with the learner's launcher (one that scales its output by 1.01
+    is named at the first stage it reaches; notebook 06 runs a faithful one through the whole comparison), puts the
+    original back, and refuses a launcher with other parameters by name."""
     from moonvit_kernels.compare import compare_backends
     from moonvit_kernels.numba_backend import rmsnorm as rmsnorm_k
     from moonvit_kernels.numba_backend.own_kernels import own_kernel
@@ -189,9 +189,9 @@ def test_bring_your_own_kernel_swaps_one_launcher_and_compare_finds_its_stage():
 
     numpy_model = MoonViT(CFG, w, backend="numpy")
     with own_kernel("rmsnorm", mine):
-        report = compare_backends(MoonViT(CFG, w, backend="numba"), numpy_model, pv, grid)
-    assert calls and report.first_divergence is None, report
-    assert rmsnorm_k.rmsnorm is original
+        assert rmsnorm_k.rmsnorm is mine
+        mine(*(np.ones((2, CFG.vt_hidden_size), np.float32), np.ones(CFG.vt_hidden_size, np.float32)), 1e-6)
+    assert calls == [(2, CFG.vt_hidden_size)] and rmsnorm_k.rmsnorm is original
     with own_kernel("rmsnorm", wrong):
         report = compare_backends(MoonViT(CFG, w, backend="numba"), numpy_model, pv, grid)
     assert report.first_divergence == "layer_0", report

@@ -290,28 +290,31 @@ def test_numba_table_asks_the_dispatcher_with_signature_objects(monkeypatch):
     assert f"{entry.label} | (float32[::1]) | 40 | 0 | 1024" in table, table
 
 
-@pytest.mark.slow  # ~11 s: every numba kernel typed, compiled by NVVM and linked by numba-cuda, no GPU
-def test_the_numba_build_rehearsal_reads_registers_through_the_real_dispatchers():
-    """`gpu_check.numba_build` (what --simulate's numba family runs): numba-cuda's real dispatchers compile every
-    registry entry for an sm_90 device and its linker links them; `binaries.numba_table` reads each one's
-    registers through the dispatcher API, as on a GPU."""
-    from moonvit_kernels import registry
-    from moonvit_kernels.numba_backend.compilers import NUMBA_CUDA, installed
+class TestNumbaBuildRehearsal:
+    """Its own xdist scope: ~11 s of compiles that run beside this module's simulated run."""
 
-    if not installed(NUMBA_CUDA) or importlib.util.find_spec("cuda.bindings") is None:
-        pytest.skip("numba-cuda with cuda-bindings is needed")
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-m", "moonvit_kernels.gpu_check.numba_build"], env=env,
-                       capture_output=True, text=True, timeout=600)  # fmt: skip
-    result = __import__("json").loads(r.stdout.strip().splitlines()[-1])
-    if result["error"] and "NVVM" in result["error"] and result["built"] == 0:
-        pytest.skip(f"this machine cannot compile numba kernels: {result['error']}")
-    assert result["error"] is None, result["error"]
-    rows = [line.split(" | ") for line in result["table"].splitlines()[1:]]
-    labels = {e.label for e in registry.numba_entries()}
-    assert {row[0] for row in rows} == labels and result["built"] == len(labels)
-    assert all(row[2].isdigit() and 0 < int(row[2]) <= 255 and row[3].isdigit() for row in rows), rows
+    @pytest.mark.slow  # ~11 s: every numba kernel typed, compiled by NVVM and linked by numba-cuda, no GPU
+    def test_the_numba_build_rehearsal_reads_registers_through_the_real_dispatchers(self):
+        """`gpu_check.numba_build` (what --simulate's numba family runs): numba-cuda's real dispatchers compile every
+        registry entry for an sm_90 device and its linker links them; `binaries.numba_table` reads each one's
+        registers through the dispatcher API, as on a GPU."""
+        from moonvit_kernels import registry
+        from moonvit_kernels.numba_backend.compilers import NUMBA_CUDA, installed
+
+        if not installed(NUMBA_CUDA) or importlib.util.find_spec("cuda.bindings") is None:
+            pytest.skip("numba-cuda with cuda-bindings is needed")
+        env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+        r = subprocess.run([sys.executable, "-m", "moonvit_kernels.gpu_check.numba_build"], env=env,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+        result = __import__("json").loads(r.stdout.strip().splitlines()[-1])
+        if result["error"] and "NVVM" in result["error"] and result["built"] == 0:
+            pytest.skip(f"this machine cannot compile numba kernels: {result['error']}")
+        assert result["error"] is None, result["error"]
+        rows = [line.split(" | ") for line in result["table"].splitlines()[1:]]
+        labels = {e.label for e in registry.numba_entries()}
+        assert {row[0] for row in rows} == labels and result["built"] == len(labels)
+        assert all(row[2].isdigit() and 0 < int(row[2]) <= 255 and row[3].isdigit() for row in rows), rows
 
 
 @needs_sim
