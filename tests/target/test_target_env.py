@@ -66,13 +66,14 @@ def test_gpu_check_without_a_gpu_says_so_and_writes_nothing_wrong(tmp_path):
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
 
 
-def simulate_quick(tmp_path: Path, toolchain: str) -> tuple[subprocess.CompletedProcess, Path, str]:
-    """README's first-run command with --simulate --quick, from the source tree (nothing of it installed), with
-    `toolchain` as the prepared NVVM folder (MOONVIT_GPU_TOOLCHAIN) and the compile cache off."""
+def simulate_quick(tmp_path: Path, toolchain: str, *only: str) -> tuple[subprocess.CompletedProcess, Path, str]:
+    """README's first-run command with --simulate --quick (and `only`: more options), from the source tree (nothing
+    of it installed), with `toolchain` as the prepared NVVM folder (MOONVIT_GPU_TOOLCHAIN) and the compile cache
+    off."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MOONVIT_GPU_TOOLCHAIN": toolchain, "MOONVIT_COMPILE_CACHE": "off"}
     out = tmp_path / "out"
     r = subprocess.run(
-        [sys.executable, "-m", "moonvit_kernels.gpu_check", "--simulate", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "moonvit_kernels.gpu_check", "--simulate", "--quick", *only, "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=580, cwd=tmp_path,
     )  # fmt: skip
     return r, out, (out / "report.md").read_text() if (out / "report.md").is_file() else ""
@@ -117,7 +118,9 @@ class TestNvvmMissingOrTooNew:
 
     @pytest.mark.timeout(600)
     def test_an_nvvm_newer_than_nvjitlink(self, tmp_path):
-        r, _, report = simulate_quick(tmp_path, os.path.join(CI_NVVM, "newest"))
+        """The numba family only: the rest of the run does not read NVVM, and test_no_nvvm_at_all runs it whole."""
+        newest = os.path.join(CI_NVVM, "newest")
+        r, _, report = simulate_quick(tmp_path, newest, "--sections", "kernels", "--backends", "numba")
         line = self.only_the_numba_build_fails(r, report)
         assert "which nvJitLink 13.0 cannot link" in line and "PTX ISA 9." in line, line
 
