@@ -5,7 +5,8 @@ test suite, `gpu_check` and the Hopper preflight share.
   any NaN/Inf on either side fails (the tests' measure). `rel_err`: `max|got − want| / max|want|`, NaN
   when `got` is not finite or has another shape (gpu_check's one number per kernel: a NaN is never "ok").
   `fp32_rtol(K)`: `factor · eps(fp32) · √K` for a float32 reduction of length K; `BF16_ULP`: the spacing
-  of bf16 numbers in [1, 2).
+  of bf16 numbers in [1, 2); `pos_emb_tolerance`: the interpolation's, whose rounded source coordinate grows
+  with the learned grid.
 - **Data.** `random`: normal noise with a random offset (never uniform, never exactly centred);
   `bf16_round`: the float32 value a bf16 kernel sees; `sample_rows`: rows spread over a matrix, first and
   last included (GEMM rows and attention query rows are independent, so a sample checks them exactly).
@@ -33,6 +34,29 @@ BF16_ULP = 2.0**-8  # round-to-nearest bf16 is within half of this, relative
 def fp32_rtol(k: int, factor: float = 8.0) -> float:
     """A relative tolerance for a float32 reduction of length `k`: factor · eps · sqrt(k)."""
     return factor * FP32_EPS * max(1.0, math.sqrt(k))
+
+
+# Interpolation weights as functions of the source coordinate s, maximised over the fraction of s (Keys cubic with
+# A = -0.75 computed on a 2·10⁵-point grid of the fraction: Σ|w| = 1.375, Σ|dw/ds| = 3.0; bilinear: 1 and 2).
+_INTERP_SUM_ABS = {"bilinear": 1.0, "bicubic": 1.375}
+_INTERP_SLOPE = {"bilinear": 2.0, "bicubic": 3.0}
+
+
+def pos_emb_tolerance(pos_weight: Any, mode: str) -> tuple[float, float]:
+    """`(rtol, atol)` of a float32 position-embedding kernel against `pos_emb_want`.
+
+    Two error sources. The arithmetic: a few float32 roundings of terms at most `Σ|w|²·max|pos|` (16 eps). The
+    source coordinate `s = (o + 0.5)·(in/out) − 0.5`, which float32 rounds by up to `2·eps·in` (the quotient, the
+    product and the difference; a GPU fuses the last two into one FMA, a CPU does not, so the two differ in the
+    last bits): each axis's weights move by `slope·|Δs|`, so the output by `slope·|Δs|·Σ|w|·max|pos|`. This term
+    grows with the learned grid (K3: 64 x 64), which is why a test on a small grid alone cannot show it.
+    """
+    pos = np.asarray(pos_weight, np.float64)
+    H0, W0 = pos.shape[:2]
+    peak, sum_abs, slope = float(np.max(np.abs(pos))), _INTERP_SUM_ABS[mode], _INTERP_SLOPE[mode]
+    coordinate = sum(2 * FP32_EPS * n_in * slope * sum_abs * peak for n_in in (H0, W0))
+    arithmetic = 16 * FP32_EPS * (1.0 + sum_abs**2 * peak)
+    return 16 * FP32_EPS, arithmetic + coordinate
 
 
 def assert_close(got: Any, want: Any, rtol: float, atol: float, name: str = "array") -> None:

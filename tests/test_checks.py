@@ -24,6 +24,30 @@ def test_assert_close_fails_on_nan_shape_and_distance():
             checks.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
+def test_pos_emb_tolerance_constants_are_the_interpolation_weights_maxima():
+    """Σ|w| and Σ|dw/ds| over the fraction of s, recomputed from the reference's weights: bicubic from
+    `cubic_weights` (central differences), bilinear from its two weights 1 − λ and λ."""
+    t = np.linspace(0.0, 1.0, 100_001)
+    h = 1e-6
+    slope = np.abs((ref.cubic_weights(t + h) - ref.cubic_weights(t - h)) / (2 * h)).sum(axis=1)
+    assert np.abs(ref.cubic_weights(t)).sum(axis=1).max() == pytest.approx(checks._INTERP_SUM_ABS["bicubic"], rel=1e-6)
+    assert slope.max() == pytest.approx(checks._INTERP_SLOPE["bicubic"], rel=1e-5)
+    assert (checks._INTERP_SUM_ABS["bilinear"], checks._INTERP_SLOPE["bilinear"]) == (1.0, 2.0)
+
+
+def test_pos_emb_tolerance_grows_with_the_learned_grid():
+    """The coordinate term: a K3-sized grid (64 x 64) is allowed 6-8x a 6 x 5 grid's error, bicubic more than
+    bilinear; both stay far below a wrong tap (an error of the data's size, ~0.5)."""
+    small, large = np.full((6, 5, 4), 0.5), np.full((64, 64, 4), 0.5)
+    for mode in ("bilinear", "bicubic"):
+        rtol_small, atol_small = checks.pos_emb_tolerance(small, mode)
+        rtol_large, atol_large = checks.pos_emb_tolerance(large, mode)
+        assert rtol_small == rtol_large == 16 * checks.FP32_EPS
+        assert 5 < atol_large / atol_small < 9
+        assert atol_large < 1e-3 * 0.5
+    assert checks.pos_emb_tolerance(large, "bicubic")[1] > checks.pos_emb_tolerance(large, "bilinear")[1]
+
+
 def test_rel_err_is_nan_for_non_finite_or_misshapen_results():
     want = np.array([1.0, -4.0, 2.0])
     assert checks.rel_err(want * (1 + 1e-3), want) == pytest.approx(1e-3)

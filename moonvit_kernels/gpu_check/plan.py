@@ -154,7 +154,9 @@ def make_plan(simulate: bool, quick: bool, budget_s: float | None = None) -> Pla
             tower_repeats=2,
             tower_warmup=1,
             numba_tower_cases=1,
-            budgets={"tests": 50.0, "kernels": 150.0, "tower": 90.0},
+            # measured on an H200 (benchmarks/results/H200-2026-12-04-*): the whole pytest tier 65-68 s, the kernels
+            # section 36 s, the tower 47 s, the quick run 150 s in all
+            budgets={"tests": 80.0, "kernels": 150.0, "tower": 90.0},
             total_budget=345.0,  # + ~15 s under the 6 minutes for start-up and the last item's overrun
             item_timeout_s=45.0,
             tower_item_timeout_s=75.0,

@@ -18,6 +18,7 @@ from helpers import assert_close, non_square
 from tiers import EMULATOR, GPU_GRID, GPU_L, K3, gpu_rand
 
 from moonvit_kernels import reference as ref
+from moonvit_kernels.checks import pos_emb_tolerance
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.numba_backend import launch
 from moonvit_kernels.numba_backend import pos_emb as P
@@ -139,6 +140,15 @@ GRIDS = {
 }
 
 
+# K3's learned grid is 64 x 64; the source coordinate's rounding grows with it. A 64 x 60 grid (non-square) with
+# few channels; outputs that span each axis to its far end, upsampled (70, 66) and downsampled (3, 2), one video.
+K3_SIZED_SOURCE = non_square(64, 60)
+K3_SIZED = VisionConfig.tiny().replace(
+    vt_hidden_size=8, mm_hidden_size=8, init_pos_emb_height=K3_SIZED_SOURCE[0], init_pos_emb_width=K3_SIZED_SOURCE[1]
+)
+K3_SIZED_GRIDS = [(1, 3, 70), (1, 66, 2), (2, 5, 7)]
+
+
 def config(mode: str, D: int = 32) -> VisionConfig:
     return VisionConfig.tiny().replace(
         vt_hidden_size=D,
@@ -172,7 +182,25 @@ class TestNumba:
         x_d = launch.to_device(x)
         got = P.add_position_embedding(x_d, pos, time, launch.item_table(grid), mode=mode)
         assert got is x_d
-        assert_close(x_d.copy_to_host(), want, rtol=1e-5, atol=2e-6, name=f"{mode} {grids}")
+        rtol, atol = pos_emb_tolerance(pos, mode)
+        assert_close(x_d.copy_to_host(), want, rtol=rtol, atol=atol, name=f"{mode} {grids}")
+
+    @pytest.mark.parametrize("mode", P.MODES)
+    def test_k3_sized_learned_grid(self, mode):
+        """A learned grid as large as K3's (64 rows; 60 columns, non-square): the float32 source coordinate reaches
+        63, where its rounding moves the weights by ~1e-5 (the tolerance's coordinate term; a 6x5 grid hides it).
+        The outputs span the whole source range on both axes, up- and downsampled."""
+        cfg = K3_SIZED.replace(pos_emb_interpolation_mode=mode)
+        grid = np.array(K3_SIZED_GRIDS)
+        L = int(np.prod(grid, axis=1).sum())
+        r = np.random.default_rng(7)
+        x = r.standard_normal((L, cfg.vt_hidden_size)).astype(np.float32)
+        pos = (r.standard_normal((*K3_SIZED_SOURCE, cfg.vt_hidden_size)) * 0.5).astype(np.float32)
+        want = ref.add_position_embedding(x.astype(np.float64), grid, pos.astype(np.float64), cfg)
+        got = P.add_position_embedding(x.copy(), pos, P.time_table(cfg.vt_hidden_size, cfg.init_pos_emb_time),
+                                       launch.item_table(grid), mode=mode)
+        rtol, atol = pos_emb_tolerance(pos, mode)
+        assert_close(got.copy_to_host(), want, rtol=rtol, atol=atol, name=f"{mode} 64x60 source")
 
     def test_time_term_only_for_videos(self):
         """Frame 0 of a video gets +1 on the cos half; an image of the same grid gets nothing."""
@@ -201,7 +229,8 @@ class TestNumba:
                 )
                 start += h * w
             got = P.add_position_embedding(x.copy(), pos, time, launch.item_table(grid), mode=mode, threads=32)
-            assert_close(got.copy_to_host(), want, rtol=1e-5, atol=2e-6, name=f"D=33 {mode}")
+            rtol, atol = pos_emb_tolerance(pos, mode)
+            assert_close(got.copy_to_host(), want, rtol=rtol, atol=atol, name=f"D=33 {mode}")
 
     def test_item_table_layout(self):
         table = launch.item_table([(1, 4, 6), (3, 2, 2)], merge_kernel_size=(2, 2))
@@ -257,6 +286,12 @@ class TestCudaEmulator:
         )
         check_pos_emb(k, config, np.array([[1, h0, w0], [3, 4, 8], [1, 10, 4], [2, 2, 12]]))
 
+    @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+    def test_k3_sized_learned_grid(self, k, mode):
+        """The learned grid as large as K3's (64 x 60): the source coordinate's rounding at its far end is inside
+        the tolerance (on a GPU the compiler fuses it into an FMA; `checks.pos_emb_tolerance`)."""
+        check_pos_emb(k, K3_SIZED.replace(pos_emb_interpolation_mode=mode), np.array(K3_SIZED_GRIDS))
+
 
 # ============================================================================
 # compile tier (no GPU): the stage's numba kernels for sm_90, its CUDA C kernels with NVRTC per architecture
@@ -290,4 +325,5 @@ class TestGpu:
         time = P.time_table(1024, cfg.init_pos_emb_time)
         got = P.add_position_embedding(x.copy(), pos, time, item_table(GPU_GRID), mode=mode).copy_to_host()
         want = ref.add_position_embedding(x.astype(np.float64), GPU_GRID, pos.astype(np.float64), cfg)
-        assert_close(got, want, rtol=1e-5, atol=1e-5, name=f"pos_emb {mode}")
+        rtol, atol = pos_emb_tolerance(pos, mode)
+        assert_close(got, want, rtol=rtol, atol=atol, name=f"pos_emb {mode}")
