@@ -34,11 +34,15 @@
 # | who does what | every warp loads and computes | **warp specialisation**: a producer warpgroup loads, consumer warpgroups compute; `setmaxnreg` moves registers to the consumers |
 # | bank conflicts | padded rows (40 bf16 instead of 32) | the **128-byte swizzle**, applied by TMA on the way in and undone by wgmma on the way out |
 #
-# **Nothing in this notebook has run on a GPU.** There are three kinds of numbers below, each labelled:
+# **Nothing computed in this notebook runs on a GPU.** There are three kinds of numbers below, each labelled:
 # results of the **CPU emulator** (the `.cu` files compiled by g++ against models of the Hopper
 # instructions, written from the PTX ISA), facts of the **compiled binary** (NVRTC → cubin for sm_90a,
 # disassembled: "compile-only, no GPU"), and **models** (occupancy from the architecture tables). None
-# of them is a speed; the Hopper kernels make no speed claim until they are measured on an H100/H200.
+# of them is a speed. The speeds were measured once, on an H200 (`benchmarks/results/H200-2026-12-04-full`):
+# at 4096 tokens `gemm_bf16_sm90` ran the encoder GEMMs at 359-511 TFLOP/s (its faster tile width per shape;
+# 54-68% of cuBLAS in the same run), up to 2.4x the mma.sync GEMM of notebook 01; `flash_attn_sm90` ran at
+# 157 TFLOP/s, **slower** than the mma.sync flash kernel of notebook 04 (238 TFLOP/s). A new instruction set is
+# a higher ceiling, not a faster kernel: what keeps this one below it is the next thing to find out.
 
 # %%
 # Without a GPU, numba.cuda runs on its CPU simulator (the exercises at the end use it); the switch
