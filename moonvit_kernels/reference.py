@@ -51,7 +51,7 @@ def validate_inputs(
     `(pixel_values, grid_thws as int64)`. Raises ValueError naming the problem.
     """
     grid = validate_grid_thws(grid_thws, config)
-    return check_pixels(_as_array("pixel_values", pixel_values), grid, config, np, dtype), grid
+    return check_pixels(as_array("pixel_values", pixel_values), grid, config, np, dtype), grid
 
 
 def check_pixels(pv: Any, grid: np.ndarray, config: VisionConfig, xp: Any = np, dtype: Any = np.float32) -> Any:
@@ -88,7 +88,7 @@ def check_pixels(pv: Any, grid: np.ndarray, config: VisionConfig, xp: Any = np, 
     return converted
 
 
-def _as_array(name: str, value: Any) -> np.ndarray:
+def as_array(name: str, value: Any) -> np.ndarray:
     """`np.asarray(value)`, with numpy's complaint about ragged nesting turned into one naming `name`."""
     try:
         return np.asarray(value)

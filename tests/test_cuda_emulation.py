@@ -49,6 +49,60 @@ class _DeviceModule:
         return getattr(np, name)
 
 
+class _UploadingDeviceModule(_DeviceModule):
+    """`_DeviceModule` whose arrays are their own type, so host (NumPy) arrays are not device arrays: the
+    backend must upload them. Counts the uploads of pixel-shaped (4-D) arrays."""
+
+    class ndarray(np.ndarray):
+        pass
+
+    def __init__(self):
+        super().__init__()
+        self.pixel_uploads = 0
+
+    def asarray(self, a, dtype=None):
+        if not isinstance(a, self.ndarray) and np.ndim(a) == 4:
+            self.pixel_uploads += 1
+        return np.asarray(a, dtype).view(self.ndarray)
+
+
+def test_backend_uploads_host_pixels_and_checks_them_on_the_device(k, monkeypatch):
+    """Host pixel_values go to the device as given (float64 too), where they are checked and rounded: the
+    host-side validate_inputs is not called, the result equals the host path's bit for bit, and bad pixels
+    (NaN, integers, a ragged list) still get their messages."""
+    import types
+
+    from cuda_kernel_checks import random_pixels, random_weights
+
+    from moonvit_kernels import reference
+    from moonvit_kernels.cuda_backend.backend import CupyBackend
+
+    config = VisionConfig.tiny()
+    grid = np.array([[1, 2, 6], [1, 4, 2]])
+    weights = random_weights(config, 3)
+    pixels = random_pixels(grid, config.patch_size, seed=5)
+    want = CupyBackend(config, weights, dtype="bfloat16", kernels=k).forward(pixels, grid, as_numpy=True)
+
+    device = _UploadingDeviceModule()
+    kernels = types.SimpleNamespace(**{n: getattr(k, n) for n in dir(k) if not n.startswith("__")})
+    kernels.array_module = lambda: device
+    backend = CupyBackend(config, weights, dtype="bfloat16", kernels=kernels)
+    monkeypatch.setattr(reference, "validate_inputs", lambda *a, **kw: pytest.fail("host pixels validated on the host"))
+    got = backend.forward(pixels.astype(np.float64), grid, as_numpy=True)
+    assert (device.pixel_uploads, device.isfinite_calls) == (1, 1)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+    bad = pixels.copy()
+    bad[11, 2, 0, 1] = np.inf
+    with pytest.raises(ValueError, match=r"non-finite values .*first in patch 11"):
+        backend.forward(bad, grid)
+    with pytest.raises(ValueError, match=r"not floating point"):
+        backend.forward(pixels.astype(np.uint8), grid)
+    with pytest.raises(ValueError, match=r"pixel_values is not a rectangular array"):
+        backend.forward([pixels[0], pixels[1, 0]], grid)
+
+
 def test_backend_validates_device_pixels_on_the_device(k, monkeypatch):
     """Device pixel_values are checked on the device (shape, dtype, NaN with its patch, fp32 overflow),
     never through the host-side `reference.validate_inputs`, and give the host path's result bit for bit."""
