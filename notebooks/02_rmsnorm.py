@@ -308,8 +308,8 @@ print(note)
 # Fill it and run the cell: `check(name, kernel)` launches it on the simulator (or the GPU) on two cases —
 # 75 columns (not a multiple of 32) and 20 (fewer columns than threads), each with a nearly-zero row where
 # eps matters — compares with `reference.rmsnorm` under an fp32 bound and says what is wrong: rows and
-# columns that differ, outputs never written, NaN, a race when two runs differ, a per-row scale that is
-# off. As committed the gaps are empty and the checks report failures. A failing check shows a first
+# columns that differ, outputs never written, NaN, a race when the output changes with the threads run in
+# the opposite order, a per-row scale that is off. As committed the gaps are empty and the checks report failures. A failing check shows a first
 # hint; `hint("rmsnorm_reduction")` shows them all, `solution("rmsnorm_reduction")` prints a solution.
 #
 # **A.** The block reduction: the 32 partial sums sit in `partial[]`; after your code, `partial[0]` must hold

@@ -7,7 +7,7 @@ each chosen to exercise something (several blocks, non-square, sizes that are no
 frames than two, …), compares the output with a float64 NumPy reference under an elementwise error
 bound, and prints a verdict in plain words: which case failed and what it tests, which output rows and
 columns are wrong, NaN/Inf, elements never written, writes past the end, an out-of-bounds index,
-results that change between two identical runs (a race), patterns that point at a bug (only block
+results that change when the threads run in the opposite order (a race), patterns that point at a bug (only block
 (0, 0) right, every wrong value off by one factor, shifted by one), and known bugs reproduced exactly.
 Exercises that teach a performance idea also trace the kernel's memory accesses (`xray.trace`) and
 fail a correct kernel that is slow, saying which access costs what and why (model, no GPU).
@@ -70,8 +70,9 @@ def check(
 ) -> CheckResult:
     """Run the learner's `kernel` for exercise `name` against the NumPy reference; print the verdict.
 
-    `kernel` is a @cuda.jit function, or for a CUDA C exercise the kernel's source text. The first case
-    is launched twice (a different result the second time means a race is likely). Returns a
+    `kernel` is a @cuda.jit function, or for a CUDA C exercise the kernel's source text. The first case,
+    and a case that fails, is launched again with the threads in the opposite order (a different result
+    means a race). Returns a
     `CheckResult`; with `strict=True` a wrong kernel raises `ExerciseFailed` instead. A kernel that
     raises (an index out of bounds under the simulator, a compile error) is reported, not propagated; so is
     one that crashes or runs longer than `time_limit` seconds (each launch runs in a forked child).

@@ -351,6 +351,34 @@ def suspects_matching(case: Case, got: np.ndarray, suspects: Sequence[Suspect]) 
 Launcher = Callable[[Any, Case], tuple[np.ndarray, np.ndarray]]
 
 
+def race_verdict(kernel: Any, launch: Launcher, case: Case, got: np.ndarray) -> str | None:
+    """The race message when `kernel` run again on `case` with its threads in the opposite order (warps, lanes
+    and blocks reversed on the emulator; threads started last to first on the simulator) gives an output that
+    differs from `got` by more than the case's error bound somewhere; None otherwise (a last-bit difference,
+    e.g. of atomics adding in another order, is not a race), or when it cannot run again (the first verdict
+    stands)."""
+    from .launch import reversed_thread_order
+
+    try:
+        with reversed_thread_order():
+            again, _ = launch(kernel, case)
+    except Exception:
+        return None
+    g, a = got.astype(np.float64), again.astype(np.float64)
+    bound = np.broadcast_to(np.asarray(case.bound, dtype=np.float64), g.shape)
+    with np.errstate(invalid="ignore"):
+        changed = (np.abs(g - a) > bound) | (np.isnan(g) != np.isnan(a))
+    if not changed.any():
+        return None
+    changed = changed.reshape(got.shape[0], -1)
+    return (
+        f"race: the output depends on the order of the threads ({where(changed, case)} changed when they ran in "
+        "the opposite order) — a barrier (cuda.syncthreads() / __syncthreads()) missing between a write and a "
+        "read of shared memory, two threads writing one element, or a read of memory nothing wrote (shared "
+        "memory starts as garbage)"
+    )
+
+
 def run_check(ex: Exercise, kernel: Any, launch: Launcher, seed: int = 0) -> CheckResult:
     """Launch `kernel` on every case of `ex` (stopping at the first wrong one) and build the verdict."""
     cases = ex.cases(np.random.default_rng(seed))
@@ -363,16 +391,9 @@ def run_check(ex: Exercise, kernel: Any, launch: Launcher, seed: int = 0) -> Che
                 warnings.simplefilter("ignore", RuntimeWarning)
                 got, guard = launch(kernel, case)
                 problems = diagnose(case, got, guard)
-                if number == 1 and not problems:
-                    again, _ = launch(kernel, case)
-                    if not np.array_equal(got, again, equal_nan=True):
-                        changed = ((got != again) & ~(np.isnan(got) & np.isnan(again))).reshape(got.shape[0], -1)
-                        problems.append(
-                            f"two runs on the same input gave different results ({where(changed, case)}): "
-                            "a race is suspected — a missing barrier (cuda.syncthreads() / __syncthreads()), two "
-                            "threads writing one element, or a read of memory nothing wrote (shared memory starts "
-                            "as garbage)"
-                        )
+                if number == 1 or problems:
+                    race = race_verdict(kernel, launch, case, got)
+                    problems = [race, *problems] if race else problems
                 if problems and got is not None:
                     said = suspects_matching(case, got, ex.suspects)
         except IndexError as e:

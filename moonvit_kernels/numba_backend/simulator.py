@@ -23,22 +23,39 @@ not to the kernels:
    Which globals a function names is read once from its code object.
 
 Threads still interleave under the GIL as before, so a missing barrier still races and still fails its
-test (tests/test_simulator.py plants both faults). `install()` applies both to numba-cuda's simulator
+test (tests/test_simulator.py plants both faults). `reversed_thread_order()` starts each block's threads last
+to first, so that the exercise checker can ask whether an output depends on the order of the threads. `install()` applies both to numba-cuda's simulator
 (`numba.cuda.simulator.kernel`, numba-cuda 0.30, frozen) for this process; `_cuda` calls it when the
 simulator is on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 _installed = False
+_REVERSED = [False]  # True within reversed_thread_order()
+
+
+@contextlib.contextmanager
+def reversed_thread_order() -> Iterator[None]:
+    """Within the block, each block's threads start last to first (their Python threads run in start order until
+    a barrier or the interpreter switches them): a kernel whose output changes depends on the order of its
+    threads (a race)."""
+    saved = _REVERSED[0]
+    _REVERSED[0] = True
+    try:
+        yield
+    finally:
+        _REVERSED[0] = saved
 
 
 class _Barrier:
@@ -146,7 +163,7 @@ def install() -> None:
             points = np.ndindex(*self._block_dim)
             threads = [WaitingBlockThread(target, self, grid_point, p, self._debug) for p in points]
             self.barrier = b = _Barrier(len(threads))
-            for t in threads:
+            for t in reversed(threads) if _REVERSED[0] else threads:
                 t.start()
             with b.cond:
                 while b.live and b.failed is None:

@@ -63,6 +63,7 @@ bool_ = np.bool_
 DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a kernel may use before raising its attribute
 _TIME_LIMIT = [contained.check_time_limit(os.environ.get("MOONVIT_EMU_TIME_LIMIT", "600"))]
 _FORCE_CONTAIN = [False]
+_REVERSED = [0]  # 1 within reversed_thread_order()
 
 
 class LaunchError(RuntimeError):
@@ -358,6 +359,7 @@ class Function:
         lib = self.module.library()
 
         def launch() -> tuple[int, bytes]:
+            lib.emu_set_thread_order(ctypes.c_int(_REVERSED[0]))
             rc = lib.emu_launch(
                 self.name.encode(), (ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), ctypes.c_ulonglong(shared_mem),
                 ctypes.c_int(regs), ctypes.c_int(n), ptrs, sizes, aligns, err, ctypes.c_int(len(err)),
@@ -387,6 +389,18 @@ def time_limit(seconds: float) -> Iterator[None]:
         yield
     finally:
         _TIME_LIMIT[0] = saved
+
+
+@contextlib.contextmanager
+def reversed_thread_order() -> Iterator[None]:
+    """Within the block, launches run warps, lanes and blocks in the opposite order (prelude.h): a kernel whose
+    output changes depends on the order of its threads (a race)."""
+    saved = _REVERSED[0]
+    _REVERSED[0] = 1
+    try:
+        yield
+    finally:
+        _REVERSED[0] = saved
 
 
 @contextlib.contextmanager

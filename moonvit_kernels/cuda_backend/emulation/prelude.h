@@ -8,6 +8,8 @@
 // warps in alternating order (0..last, then last..0) from one block barrier to the next, lanes
 // in alternating order within a warp. So warps drift as far apart as the barriers allow, and a
 // read that no barrier orders after another thread's write tends to see the wrong value.
+// `emu_set_thread_order(1)` runs the next launches in the opposite order: warps and lanes start from the
+// other end and blocks run last to first; a correct kernel's output does not change, a racy one's does.
 // Static __shared__ arrays become function statics (stale from the previous block, like real
 // shared memory); dynamic shared memory starts as 0xCD garbage. Hardware's rules are enforced (the macros at
 // the end record each call's __FILE__:__LINE__): the live threads of a block must wait at the same __syncthreads
@@ -100,6 +102,7 @@ inline Block* g_block = nullptr;
 inline Fiber* g_cur = nullptr;
 inline ucontext_t g_scheduler;
 inline std::function<void()>* g_kernel = nullptr;
+inline int g_reversed = 0;  // 1: warps, lanes and blocks in the opposite order (emu_set_thread_order)
 
 inline unsigned char* dynamic_smem() { return g_block->dyn_smem.data(); }
 inline int lane() { return g_cur->lane; }
@@ -213,7 +216,7 @@ inline void run_warp_to_block_barrier(Block& b, int w) {
   for (int round = 0;; ++round) {
     bool ran = false;
     for (int i = 0; i < 32; ++i) {
-      Fiber& f = b.fibers[32 * w + (round % 2 ? 31 - i : i)];
+      Fiber& f = b.fibers[32 * w + ((round + g_reversed) % 2 ? 31 - i : i)];
       if (f.state != RUNNABLE) continue;
       g_cur = &f;
       threadIdx = f.tid;
@@ -279,39 +282,45 @@ void launch(dim3 grid, dim3 block, size_t smem, F kernel) {
     b.fibers[t].lane = t % 32;
   }
   g_block = &b;
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        blockIdx = dim3{bx, by, bz};
-        b.dyn_smem.assign(smem, 0xCD);
-        for (auto& f : b.fibers) {
-          f.state = RUNNABLE;
-          f.groups.clear();
-          f.open.clear();
-          getcontext(&f.ctx);
-          f.ctx.uc_stack.ss_sp = f.stack.get();
-          f.ctx.uc_stack.ss_size = STACK_BYTES;
-          f.ctx.uc_link = &g_scheduler;
-          makecontext(&f.ctx, fiber_entry, 0);
-        }
-        for (int phase = 0;; ++phase) {  // a phase ends when every live thread waits at __syncthreads
-          for (int wi = 0; wi < n / 32; ++wi) {
-            const int w = phase % 2 ? n / 32 - 1 - wi : wi;
-            run_warp_to_block_barrier(b, w);
-          }
-          int live = 0, at_block = 0;
-          for (auto& f : b.fibers) live += f.state != DONE, at_block += f.state == AT_BLOCK_BARRIER;
-          if (live == 0) break;
-          if (at_block != live) deadlock("a warp waits at a warp collective that some of its threads never reach");
-          check_block_barrier(b);
-          for (auto& f : b.fibers)
-            if (f.state == AT_BLOCK_BARRIER) f.state = RUNNABLE;
-        }
+  const unsigned long long blocks = 1ull * grid.x * grid.y * grid.z;
+  for (unsigned long long i = 0; i < blocks; ++i) {
+    const unsigned long long linear = g_reversed ? blocks - 1 - i : i;
+    blockIdx = dim3{unsigned(linear % grid.x), unsigned(linear / grid.x % grid.y),
+                    unsigned(linear / (1ull * grid.x * grid.y))};
+    b.dyn_smem.assign(smem, 0xCD);
+    for (auto& f : b.fibers) {
+      f.state = RUNNABLE;
+      f.groups.clear();
+      f.open.clear();
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = f.stack.get();
+      f.ctx.uc_stack.ss_size = STACK_BYTES;
+      f.ctx.uc_link = &g_scheduler;
+      makecontext(&f.ctx, fiber_entry, 0);
+    }
+    for (int phase = 0;; ++phase) {  // a phase ends when every live thread waits at __syncthreads
+      for (int wi = 0; wi < n / 32; ++wi) {
+        const int w = (phase + g_reversed) % 2 ? n / 32 - 1 - wi : wi;
+        run_warp_to_block_barrier(b, w);
       }
+      int live = 0, at_block = 0;
+      for (auto& f : b.fibers) live += f.state != DONE, at_block += f.state == AT_BLOCK_BARRIER;
+      if (live == 0) break;
+      if (at_block != live) deadlock("a warp waits at a warp collective that some of its threads never reach");
+      check_block_barrier(b);
+      for (auto& f : b.fibers)
+        if (f.state == AT_BLOCK_BARRIER) f.state = RUNNABLE;
+    }
+  }
   g_block = nullptr;
   g_kernel = nullptr;
 }
 }  // namespace emu
+
+// The order of the next launches: 0 as described at the top, 1 the opposite (emitted in every library).
+extern "C" __attribute__((used, visibility("default"))) inline void emu_set_thread_order(int reversed) {
+  emu::g_reversed = reversed ? 1 : 0;
+}
 
 namespace emu {
 inline void syncthreads_at(Site s) {
