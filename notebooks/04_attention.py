@@ -283,14 +283,20 @@ show_source(attention_module, "make_attention_v2", "_make_attention_v2")
 #   bf16 in registers (`pack_bf16x2`) and fed straight into `O += P·V`'s `mma.sync`, never touching
 #   shared memory. V is read with `ldmatrix .trans` (it is `[key][d]`, and the B operand wants k fastest).
 #
-# The file, then both kernels run on the CPU emulator against the float64 reference (the fp32 one on this
-# notebook's packed input; `hd = 24` is one of the emulator's instantiations):
+# Three pieces of the file (its regions; the whole of it is `moonvit_kernels/cuda_backend/attention.cu`):
+# the layouts and the algorithm, then the bf16 kernel's online softmax on the `mma.sync` accumulators, and
+# `O += P·V` from those accumulators repacked as the A fragment. Then both kernels run on the CPU emulator
+# against the float64 reference (the fp32 one on this notebook's packed input; `hd = 24` is one of the
+# emulator's instantiations):
 
 # %%
 from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
+from moonvit_kernels.source_regions import region
 
-print((KERNEL_DIR / "attention.cu").read_text(encoding="utf-8"))
+for name in ("attn_layout", "attn_bf16_online_softmax", "attn_bf16_pv"):
+    print(f"// ---- attention.cu, region {name}")
+    print(region(KERNEL_DIR / "attention.cu", name))
 
 # %% [markdown]
 # ## Check against NumPy — output and log-sum-exp

@@ -1,6 +1,7 @@
 // attention.cu — packed, non-causal, flash-style attention forward (docs/model.md §5), reading q, k, v
 // straight out of the qkv projection.
 //
+// region: attn_layout
 // Layouts (Q = H·HD):
 //   qkv [L, 3Q]  element (token l, slot s ∈ {q,k,v}, head h, dim d) at l·3Q + s·Q + h·HD + d
 //   out [L, Q]   at l·Q + h·HD + d          lse [L, H]   natural-log log-sum-exp of the scaled scores
@@ -9,6 +10,7 @@
 // Scores are kept in the log2 domain: s2 = (q·k)·scale·log2(e), so exp(x) becomes exp2(x).
 // Online softmax per query row (fp32): m = running max, l = running Σ 2^(s2 − m), o = running
 // Σ 2^(s2 − m)·v; a new key tile rescales l and o by 2^(m_old − m_new). lse = (m + log2 l)·ln 2.
+// endregion
 //
 // flash_attn_bf16<HD>: tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) for S = Q·Kᵀ
 //   and O = P·V. 4 warps x 16 query rows, 64-key tiles double-buffered with cp.async. Head dims
@@ -113,6 +115,7 @@ __global__ void __launch_bounds__(AttnBf16Cfg<HD>::THREADS)
         mma_bf16_16816(s[nt + 1], qf[kd], r[2], r[3]);
       }
 
+    // region: attn_bf16_online_softmax
     // Scale into the log2 domain; keys past the item's end get -inf.
     const int kv0 = j * BKV;
     float m_new[2] = {m_run[0], m_run[1]};
@@ -149,7 +152,9 @@ __global__ void __launch_bounds__(AttnBf16Cfg<HD>::THREADS)
         s[nt][e] = exp2f(s[nt][e] - m_run[e / 2]);  // P, unnormalised
         l_run[e / 2] += s[nt][e];                   // this lane's part of the row sum
       }
+    // endregion
 
+    // region: attn_bf16_pv
     // O += P·V. The accumulators of key tiles 2kk, 2kk+1 are exactly the A fragment of a
     // 16x16 P tile (a0 = tile 2kk rows g, a1 = rows g+8, a2/a3 = tile 2kk+1).
 #pragma unroll
@@ -165,6 +170,7 @@ __global__ void __launch_bounds__(AttnBf16Cfg<HD>::THREADS)
         mma_bf16_16816(o[dt + 1], pa, r[2], r[3]);
       }
     }
+    // endregion
     __syncthreads();  // buffer `cur` is refilled by the next iteration's prefetch
   }
 
