@@ -527,6 +527,32 @@ def _row(backend, label, arch_name="sm_90"):
                       dram_bytes=info.dram_bytes)  # fmt: skip
 
 
+def test_a_measured_row_matches_only_the_kernel_it_timed():
+    """Rows as the first H200 report wrote them (item, backend, dtype): a Hopper item never lands on an
+    mma.sync kernel when the list has no Hopper kernel (the bug that report showed), the fp32 SIMT GEMM is
+    found by its dtype, and another epilogue, output dtype or tile width is another kernel."""
+    from moonvit_kernels.xray import calibration
+
+    listed = [_row("cuda", "gemm_bf16_tc_f32_none"), _row("cuda", "gemm_fp32_simt_none"),
+              _row("cuda", "flash_attn_bf16_hd128"), _row("cuda", "gemm_bf16_sm90_bn128_bf16_none"),
+              _row("numba", "gemm_v3_none"), _row("numba", "gemm_v3_gelu_tanh")]  # fmt: skip
+
+    def match(item, backend, dtype, rows=listed):
+        found = calibration.match_row({"item": item, "backend": backend, "dtype": dtype}, rows)
+        return None if found is None else found.kernel
+
+    assert match("flash_attn_sm90", "CUDA C", "bfloat16") is None
+    assert match("attention_bfloat16", "CUDA C", "bfloat16") == "flash_attn_bf16_hd128"
+    assert match("gemm_fp32 qkv", "CUDA C", "float32->float32") == "gemm_fp32_simt_none"
+    assert match("gemm_bf16 patch_embed", "CUDA C", "bfloat16->float32") == "gemm_bf16_tc_f32_none"
+    assert match("gemm_bf16 qkv", "CUDA C", "bfloat16->bfloat16") is None  # bf16 out: not the f32 instantiation
+    assert match("gemm_bf16 wo+residual", "CUDA C", "bfloat16->float32") is None  # another epilogue
+    assert match("gemm_bf16_sm90 bn128 qkv", "CUDA C", "bfloat16->bfloat16") == "gemm_bf16_sm90_bn128_bf16_none"
+    assert match("gemm_bf16_sm90 bn256 qkv", "CUDA C", "bfloat16->bfloat16") is None  # another tile width
+    assert match("gemm v3 fc0+gelu_tanh", "numba", "float32") == "gemm_v3_gelu_tanh"
+    assert match("gemm v2 qkv", "numba", "float32") is None  # v2 is not listed
+
+
 def test_calibration_puts_measured_rates_beside_the_bounds(tmp_path):
     from moonvit_kernels.xray import calibration, report
 

@@ -23,9 +23,9 @@ def measured_reports(results_dir: Path | None = None) -> list[Path]:
 
 
 def _rate_text(row: dict[str, str]) -> str:
-    shape = f", {row['shape']}" if row.get("shape") else ""
+    what = " ".join(x for x in (row.get("item"), row.get("shape")) if x)
     ms = f"{float(row['median_ms']):.3g} ms, " if row.get("median_ms") else ""
-    return f"{ms}{float(row['rate']):.3g} {row['unit']}{shape}"
+    return f"{what}: {ms}{float(row['rate']):.3g} {row['unit']}" if what else f"{ms}{float(row['rate']):.3g} {row['unit']}"
 
 
 def prediction_rows(
@@ -59,12 +59,20 @@ def prediction_rows(
         )
         for i in infos
     ]
+    # one entry per (kernel, measured item and shape): from the report that timed the most kernels (a full run
+    # over a --quick one of the same machine)
+    best: dict[tuple[str, str, str], tuple[int, str]] = {}
     for path in reports:
-        for row in calibration.read_kernel_rows(path):
+        kernel_rows = calibration.read_kernel_rows(path)
+        for row in kernel_rows:
             match = calibration.match_row(row, candidates)
-            info = None if match is None else match.info
-            if info is not None:
-                measured.setdefault(info.label, []).append(f"{_rate_text(row)} ({path.parent.name})")
+            if match is None:
+                continue
+            key = (match.info.label, row.get("item", ""), row.get("shape", ""))
+            if key not in best or len(kernel_rows) > best[key][0]:
+                best[key] = (len(kernel_rows), f"{_rate_text(row)} ({path.parent.name})")
+    for (label, _, _), (_, text) in best.items():
+        measured.setdefault(label, []).append(text)
     rows = []
     for info in infos:
         bound = roofline.bound(info, peaks)

@@ -113,12 +113,53 @@ def _score(item: str, row) -> int:
     return score
 
 
+def _dtype_word(text: str) -> str | None:
+    """"bfloat16" or "float32" from the first dtype word of `text` (bf16, bfloat16, f32, fp32, float32), or None."""
+    m = re.search(r"(bfloat16|bf16|float32|fp32|f32)", text)
+    return None if m is None else ("bfloat16" if m[1].startswith("b") else "float32")
+
+
+def _input_dtype(row) -> str:
+    """The dtype an X-ray row's kernel reads: numba's are float32; a CUDA C kernel's from its version or label
+    (the Hopper kernels read bf16)."""
+    if row.backend == "numba":
+        return "float32"
+    version = row.version.lower()
+    found = _dtype_word(version) or _dtype_word(row.kernel.lower())
+    return found or ("bfloat16" if "sm90" in version else "float32")
+
+
+def _output_dtype(row) -> str:
+    """The dtype a CUDA C GEMM row's kernel writes: the second dtype word of its label (gemm_bf16_tc_f32_none
+    writes float32), else the one it reads."""
+    words = re.findall(r"(?<![a-z])(bf16|f32|fp32)(?![a-z0-9])", row.kernel.lower())
+    return "bfloat16" if words[1:2] == ["bf16"] else ("float32" if words[1:2] else _input_dtype(row))
+
+
 def match_row(measured: dict[str, str], rows: Sequence) -> object | None:
-    """The X-ray K3 row (of one architecture) that a measured row timed, or None."""
+    """The X-ray K3 row (of one architecture) that a measured row timed, or None when none of `rows` is that
+    kernel: the family, the backend, Hopper or not, the numba version and the input dtype must agree (the
+    dtype from the row's `dtype` column, else from its item's words); the epilogue and tile width then pick
+    the closest one; a GEMM's epilogue and tile width must match too (another instantiation is another kernel)."""
     item = (measured.get("item") or "").lower()
     backend = "numba" if "numba" in (measured.get("backend") or "").lower() else "cuda"
     family = next((fam for word, fam in _FAMILIES if word in item), None)
     candidates = [r for r in rows if r.backend == backend and r.family == family and r.k3 and r.flops is not None]
+    hopper = "sm90" in item or "hopper" in item or "hopper" in (measured.get("backend") or "").lower()
+    candidates = [r for r in candidates if ("sm90" in r.version.lower()) == hopper]
+    if backend == "numba" and (m := re.search(r"\bv(\d)\b", item)):
+        candidates = [r for r in candidates if r.version.lower() == f"v{m[1]}"]
+    dtype = _dtype_word((measured.get("dtype") or "").split("->")[0]) or _dtype_word(item)
+    if dtype is not None:
+        candidates = [r for r in candidates if _input_dtype(r) == dtype]
+    if family == "gemm":  # an epilogue, an output dtype or a tile width is another instantiation
+        epilogue = next((e for e in _EPILOGUES if e in item), "none")
+        candidates = [r for r in candidates if r.kernel.lower().endswith(epilogue)]
+        out = _dtype_word((measured.get("dtype") or "").partition("->")[2])
+        if out is not None and backend == "cuda":
+            candidates = [r for r in candidates if _output_dtype(r) == out]
+        for bn in re.findall(r"bn(\d+)", item):
+            candidates = [r for r in candidates if f"bn{bn}" in r.kernel.lower()]
     if not candidates:
         return None
     return max(candidates, key=lambda r: _score(item, r))
