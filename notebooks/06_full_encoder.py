@@ -338,8 +338,10 @@ else:
 #
 # What the X-ray (notebook 07) predicts for this stage's kernels at K3 shapes: the roofline on the H200's
 # datasheet peaks — the time floor from the traffic no tiling can avoid, and the bound of each kernel as
-# written (its global loads as requested). Model, no GPU: floors, not timings. Once a `gpu_check` report
-# from a real GPU is committed under `benchmarks/results/`, its measurements appear beside them.
+# written (its global loads as requested). Model, no GPU: floors, not timings. Beside them, what `gpu_check`
+# measured on a real GPU (its reports under `benchmarks/results/`; the first, an H200, on 2026-12-04), each
+# at its own shape and named: how far a measurement sits above its floor is the kernel's distance from the
+# roofline.
 
 # %%
 from IPython.display import Markdown, display

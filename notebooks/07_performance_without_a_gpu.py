@@ -464,8 +464,20 @@ print(f"roofline.bound agrees: {model.seconds * 1e6:.1f} µs, bound by {model.li
 # need 1. Issue comes next: 199 / 128 ≈ 1.55 instructions per FFMA against 4 issue slots. DRAM is
 # 50× further down: at K3 sizes a tiled GEMM never waits for memory. The fix the roofs point to is
 # a bigger register tile — each thread loading more values per k-step and reusing them more — not
-# fewer FLOPs. Until a GPU run exists (`gpu_check`, then `calibration` puts measured rates beside
-# these bounds), these are bounds, not predictions.
+# fewer FLOPs. These are bounds, not predictions: what a GPU did is measured by `gpu_check`, and its reports
+# under `benchmarks/results/` are read back here (the first, an H200, 2026-12-04), at exactly this shape.
+
+# %%
+from moonvit_kernels.plots.prediction import measured_reports
+from moonvit_kernels.xray import calibration
+
+bound_rate = info.flops / model.seconds / 1e12
+for path in measured_reports():
+    for row in calibration.read_kernel_rows(path):
+        if row["item"] == "gemm v3 qkv" and row["shape"] == f"{M}x{N}x{K}":
+            rate = float(row["rate"])
+            print(f"{path.parent.name} (gpu_check, real GPU): GEMM v3 at {row['shape']}: {rate:.1f} TFLOP/s measured; "
+                  f"the bound allows {bound_rate:.1f} (model): measured / bound = {rate / bound_rate:.2f}")
 
 # %% [markdown]
 # ## Exercises
