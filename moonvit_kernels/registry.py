@@ -356,7 +356,7 @@ def _portable_entries() -> list[KernelEntry | PerHeadDim]:
                     "gemm", "CUDA bf16 tc", f"gemm_bf16_tc_{_tag(o)}_{epi}", "gemm_bf16.cu", cu.gemm_bf16_name(o, epi),
                     256, REG_GEMM_BF16, lm.gemm(epi, 2, _BYTES[o], 128, 128, "mma_sync"),
                     specialisation=f"out {_tag(o)}, {epi}", trace_job="gemm_bf16_tc",
-                    notebook={("float32", "none"): "01", ("bfloat16", "gelu_erf"): "05",
+                    notebook={("float32", "none"): "04", ("bfloat16", "gelu_erf"): "05",
                               ("bfloat16", "gelu_tanh"): "06"}.get((o, epi), ""),
                 )
             )  # fmt: skip

@@ -25,10 +25,10 @@
 # |---|---|
 # | 00_tour | the whole model: config, parameters, shapes, a real run |
 # | 00a_warmups | your first kernels: map, guard, 2-D blocks, shared memory, reduction, scan, a fast transpose |
-# | 01_patch_embed_gemm | patch embedding = one GEMM; the GEMM ladder (naive → shared tiles → register blocking), the CUDA C GEMMs |
+# | 01_patch_embed_gemm | patch embedding = one GEMM; the GEMM ladder (naive → shared tiles → register blocking), the CUDA C fp32 GEMM |
 # | 02_rmsnorm | the row reduction, and why `eps` matters |
 # | 03_rope_2d | 2D rotary position embedding (interleaved pairs) |
-# | 04_attention | packed attention, naive and tiled (online softmax, the flash loop) |
+# | 04_attention | packed attention, naive and tiled (online softmax, the flash loop); tensor cores (`mma.sync`) |
 # | 05_merge_and_projector | the 2×2 patch merge and the MLP projector |
 # | 06_full_encoder | everything together, compared stage by stage |
 # | 07_performance_without_a_gpu | the X-ray: registers, occupancy, SASS, coalescing and bank conflicts, rooflines |

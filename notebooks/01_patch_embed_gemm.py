@@ -367,7 +367,9 @@ error_heatmap(buggy, want, bound=bound2, title="grid sized N // 16, M // 16 (flo
 # %% [markdown]
 # ## The top rungs: the CUDA C GEMMs
 #
-# The CuPy backend (`moonvit_kernels/cuda_backend/`) carries two more GEMMs, written in CUDA C. On a GPU
+# The CuPy backend (`moonvit_kernels/cuda_backend/`) carries two more GEMMs, written in CUDA C: the fp32 SIMT
+# one below, and the bf16 tensor-core one in notebook 04 (its operands are spread over a warp's lanes, which
+# is easier to follow after the warp shuffles of notebook 02). On a GPU
 # they run through CuPy; on a laptop the **CPU emulator** (`cuda_backend.emulation`) compiles the same
 # `.cu` text with g++ against stand-ins for the CUDA built-ins and PTX instructions (every CUDA thread a
 # fiber, all of a block's fibers taking turns on one OS thread), so every index, fragment layout and pipeline wait below runs and is checked here.
@@ -391,39 +393,11 @@ from moonvit_kernels.source_regions import region
 print(region(KERNEL_DIR / "gemm_fp32.cu", "kernel"))
 
 # %% [markdown]
-# **bf16 tensor cores (`gemm_bf16.cu`)** is the top rung, the one that can approach the bf16 peak:
-#
-# - **`mma.sync.m16n8k16`**: one warp multiplies a 16×16 bf16 tile of A by a 16×8 tile of B into a 16×8
-#   fp32 accumulator in one instruction. The operands live in *fragments* spread over the 32 lanes — lane
-#   `l` holds rows `l/4` and `l/4 + 8`, columns `2·(l%4)` and `+1` of the accumulator (the store loop at
-#   the end reads exactly that). A warp owns 64×32 outputs = 4×4 such tiles; 8 warps make the 128×128
-#   block tile.
-# - **`ldmatrix.x4`** loads four 8×8 bf16 matrices from shared memory straight into those fragments: each
-#   lane supplies the address of one 16-byte row.
-# - **`cp.async`** copies 16-byte chunks global → shared without passing through registers, and
-#   **double buffering** (`As[2]`, `Bs[2]`) lets tile `k+1` be in flight while tile `k` is multiplied:
-#   `cp_async_wait<1>` waits for all but the newest group.
-# - **padding**: shared rows of 40 bf16 (80 bytes) instead of 32, so the 8 row addresses one `ldmatrix`
-#   phase reads fall in 8 different 16-byte bank groups — no bank conflicts. The `cp.async` copies are
-#   ordered to match: the 8 lanes of a quarter-warp copy 8 consecutive rows of one 16-byte chunk column
-#   (not 2 rows × 4 chunks, which would put two chunks on the same banks), so the stores into shared
-#   memory are conflict-free as well.
-#
-# The PTX wrappers (`ptx.cuh`) and the kernel:
-
-# %%
-print((KERNEL_DIR / "ptx.cuh").read_text(encoding="utf-8"))
-print(region(KERNEL_DIR / "gemm_bf16.cu", "kernel"))
-
-# %% [markdown]
-# Both, run on the CPU emulator at a tiny awkward size (`37 × 21`, `K = 40`: one block, partial tiles
-# everywhere) and checked against NumPy. The bf16 kernel is compared with a float64 product of the
-# **bf16-rounded** inputs, so the bound only covers fp32 accumulation; next to it, how far bf16 rounding
-# of the inputs alone moves the result from the fp32 product — the price of the tensor cores.
+# It runs on the CPU emulator at a tiny awkward size (`37 × 21`, `K = 40`: one block, partial tiles
+# everywhere), checked against NumPy under the fp32 bound.
 
 # %%
 from moonvit_kernels.cuda_backend import emulation
-from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
 
 m_e, n_e, k_e = 37, 21, 40
 a_e = rng.standard_normal((m_e, k_e)).astype(np.float32)
@@ -434,28 +408,9 @@ if emulation.compiler() is None:
     print("no C++ compiler (g++ >= 11) here: the CUDA C emulator cannot run")
 else:
     got_fp32 = emulation.gemm(a_e, b_e)
-    a_bits, b_bits = float32_to_bf16_bits(a_e), float32_to_bf16_bits(b_e)
-    a_r, b_r = (bf16_bits_to_float32(x).astype(np.float64) for x in (a_bits, b_bits))
-    got_bf16 = emulation.gemm(a_bits, b_bits)  # bf16 in, fp32 out
-    exact_bf16 = a_r @ b_r.T
-    bound_bf16 = 8 * FP32_EPS * np.sqrt(k_e) * (np.abs(a_r) @ np.abs(b_r).T)
     assert np.all(np.abs(got_fp32 - exact) <= bound_e), "gemm_fp32.cu beyond the fp32 bound"
-    assert np.all(np.abs(got_bf16 - exact_bf16) <= bound_bf16), "gemm_bf16.cu beyond the bound"
-    rows = [
-        ["gemm_fp32.cu (SIMT)", np.abs(got_fp32 - exact).max(), (np.abs(got_fp32 - exact) / bound_e).max()],
-        [
-            "gemm_bf16.cu vs bf16 inputs",
-            np.abs(got_bf16 - exact_bf16).max(),
-            (np.abs(got_bf16 - exact_bf16) / bound_bf16).max(),
-        ],
-        [
-            "bf16 rounding of the inputs alone",
-            np.abs(exact_bf16 - exact).max(),
-            (np.abs(exact_bf16 - exact) / bound_e).max(),
-        ],
-    ]
-    print(f"CPU emulator of the CUDA C kernels: [{m_e}, {k_e}] · [{n_e}, {k_e}]ᵀ")
-    display(Markdown(markdown_table(["kernel", "max abs error", "error / fp32 bound"], rows)))
+    print(f"CPU emulator, gemm_fp32.cu on [{m_e}, {k_e}] · [{n_e}, {k_e}]ᵀ: max abs error "
+          f"{np.abs(got_fp32 - exact).max():.2e}, {(np.abs(got_fp32 - exact) / bound_e).max():.2f} of the fp32 bound")
 
 # %% [markdown]
 # ## FLOPs and time
@@ -632,32 +587,6 @@ def gemm_register_tile(A, B, C, M, N, K):
 
 
 result = check("gemm_register_tile", gemm_register_tile)
-
-# %% [markdown]
-# **D. CUDA C: the tensor-core fragments.** `mma.sync.m16n8k16` multiplies a 16×16 bf16 tile of A by a
-# 16×8 tile of B into a 16×8 fp32 tile in one warp-wide instruction — but each operand arrives spread over
-# the 32 lanes by a fixed table (the header of `ptx.cuh`, printed above with the bf16 GEMM). Write the
-# kernel that gives each lane its pieces of A and B and stores its pieces of the result: one warp per
-# 16×8 tile of C. The source is compiled by the CPU emulator (g++, every CUDA thread a fiber, `ptx.cuh`'s
-# `mma_bf16_16816` computed from the PTX ISA's tables); `check` takes the **source text**. A and B are
-# passed as bf16 bit patterns (`unsigned short`), K is a multiple of 16, M and N are not multiples of the
-# tile.
-
-# %%
-# YOUR TURN: mma_fragments — launched by check() as mma_fragments<<<(⌈N/8⌉, ⌈M/16⌉), 32>>>(A, B, C, M, N, K)
-mma_fragments = r"""
-#include "ptx.cuh"
-
-extern "C" __global__ void mma_fragments(const unsigned short* A, const unsigned short* B, float* C,
-                                         int M, int N, int K) {
-  const int lane = threadIdx.x;
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  // ▼ your code
-  // ▲
-}
-"""
-
-result = check("mma_fragments", mma_fragments)
 
 # %% [markdown]
 # ### Worked exercises

@@ -270,6 +270,79 @@ show_source(attention_module, "make_attention_v1", "_make_attention_v1")
 show_source(attention_module, "make_attention_v2", "_make_attention_v2")
 
 # %% [markdown]
+# ## Tensor cores: `mma.sync`, first on a GEMM tile
+#
+# The bf16 flash kernel below computes both of its products on the **tensor cores**, so they come first,
+# on the simplest thing they do: the top rung of notebook 01's GEMM ladder, `cuda_backend/gemm_bf16.cu`.
+# A tensor-core instruction is a *warp* instruction: its operands are spread over the 32 lanes, as the
+# values of a warp shuffle (notebook 02) are.
+
+# %% [markdown]
+# **bf16 tensor cores (`gemm_bf16.cu`)**, the GEMM that can approach the bf16 peak:
+#
+# - **`mma.sync.m16n8k16`**: one warp multiplies a 16×16 bf16 tile of A by a 16×8 tile of B into a 16×8
+#   fp32 accumulator in one instruction. The operands live in *fragments* spread over the 32 lanes — lane
+#   `l` holds rows `l/4` and `l/4 + 8`, columns `2·(l%4)` and `+1` of the accumulator (the store loop at
+#   the end reads exactly that). A warp owns 64×32 outputs = 4×4 such tiles; 8 warps make the 128×128
+#   block tile.
+# - **`ldmatrix.x4`** loads four 8×8 bf16 matrices from shared memory straight into those fragments: each
+#   lane supplies the address of one 16-byte row.
+# - **`cp.async`** copies 16-byte chunks global → shared without passing through registers, and
+#   **double buffering** (`As[2]`, `Bs[2]`) lets tile `k+1` be in flight while tile `k` is multiplied:
+#   `cp_async_wait<1>` waits for all but the newest group.
+# - **padding**: shared rows of 40 bf16 (80 bytes) instead of 32, so the 8 row addresses one `ldmatrix`
+#   phase reads fall in 8 different 16-byte bank groups — no bank conflicts. The `cp.async` copies are
+#   ordered to match: the 8 lanes of a quarter-warp copy 8 consecutive rows of one 16-byte chunk column
+#   (not 2 rows × 4 chunks, which would put two chunks on the same banks), so the stores into shared
+#   memory are conflict-free as well.
+#
+# The PTX wrappers (`ptx.cuh`) and the kernel:
+
+# %%
+from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
+from moonvit_kernels.source_regions import region
+
+print((KERNEL_DIR / "ptx.cuh").read_text(encoding="utf-8"))
+print(region(KERNEL_DIR / "gemm_bf16.cu", "kernel"))
+
+# %% [markdown]
+# The bf16 GEMM on the CPU emulator at a tiny awkward size (`37 × 21`, `K = 40`: one block, partial tiles
+# everywhere), compared with a float64 product of the **bf16-rounded** inputs, so the bound only covers fp32
+# accumulation; next to it, how far bf16 rounding of the inputs alone moves the result from the fp32
+# product — the price of the tensor cores.
+
+# %%
+from IPython.display import Markdown, display
+
+from moonvit_kernels.config import FP32_EPS
+from moonvit_kernels.cuda_backend import emulation
+from moonvit_kernels.plots import markdown_table
+from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
+
+gemm_rng = np.random.default_rng(11)
+m_e, n_e, k_e = 37, 21, 40
+a_e = gemm_rng.standard_normal((m_e, k_e)).astype(np.float32)
+b_e = gemm_rng.standard_normal((n_e, k_e)).astype(np.float32)
+exact = a_e.astype(np.float64) @ b_e.astype(np.float64).T
+bound_e = 8 * FP32_EPS * np.sqrt(k_e) * (np.abs(a_e.astype(np.float64)) @ np.abs(b_e.astype(np.float64)).T)
+if emulation.compiler() is None:
+    print("no C++ compiler (g++ >= 11) here: the CUDA C emulator cannot run")
+else:
+    a_bits, b_bits = float32_to_bf16_bits(a_e), float32_to_bf16_bits(b_e)
+    a_r, b_r = (bf16_bits_to_float32(x).astype(np.float64) for x in (a_bits, b_bits))
+    got_bf16 = emulation.gemm(a_bits, b_bits)  # bf16 in, fp32 out
+    exact_bf16 = a_r @ b_r.T
+    bound_bf16 = 8 * FP32_EPS * np.sqrt(k_e) * (np.abs(a_r) @ np.abs(b_r).T)
+    assert np.all(np.abs(got_bf16 - exact_bf16) <= bound_bf16), "gemm_bf16.cu beyond the bound"
+    rows = [
+        ["gemm_bf16.cu vs bf16 inputs", np.abs(got_bf16 - exact_bf16).max(),
+         (np.abs(got_bf16 - exact_bf16) / bound_bf16).max()],
+        ["bf16 rounding of the inputs alone", np.abs(exact_bf16 - exact).max(), (np.abs(exact_bf16 - exact) / bound_e).max()],
+    ]  # fmt: skip
+    print(f"CPU emulator of gemm_bf16.cu: [{m_e}, {k_e}] · [{n_e}, {k_e}]ᵀ")
+    display(Markdown(markdown_table(["kernel", "max abs error", "error / fp32 bound"], rows)))
+
+# %% [markdown]
 # ### The CUDA C flash kernels (`cuda_backend/attention.cu`)
 #
 # Two kernels, the same algorithm. `flash_attn_fp32` is v2 on SIMT cores with a padded K tile
@@ -587,6 +660,32 @@ def flash_attention_tiles(q, k, v, cu_seqlens, tiles, out, scale):
 
 
 result = check("flash_attention_tiles", flash_attention_tiles)
+
+# %% [markdown]
+# **D. CUDA C: the tensor-core fragments.** `mma.sync.m16n8k16` multiplies a 16×16 bf16 tile of A by a
+# 16×8 tile of B into a 16×8 fp32 tile in one warp-wide instruction — but each operand arrives spread over
+# the 32 lanes by a fixed table (the header of `ptx.cuh`, printed above with the bf16 GEMM). Write the
+# kernel that gives each lane its pieces of A and B and stores its pieces of the result: one warp per
+# 16×8 tile of C. The source is compiled by the CPU emulator (g++, every CUDA thread a fiber, `ptx.cuh`'s
+# `mma_bf16_16816` computed from the PTX ISA's tables); `check` takes the **source text**. A and B are
+# passed as bf16 bit patterns (`unsigned short`), K is a multiple of 16, M and N are not multiples of the
+# tile.
+
+# %%
+# YOUR TURN: mma_fragments — launched by check() as mma_fragments<<<(⌈N/8⌉, ⌈M/16⌉), 32>>>(A, B, C, M, N, K)
+mma_fragments = r"""
+#include "ptx.cuh"
+
+extern "C" __global__ void mma_fragments(const unsigned short* A, const unsigned short* B, float* C,
+                                         int M, int N, int K) {
+  const int lane = threadIdx.x;
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // ▼ your code
+  // ▲
+}
+"""
+
+result = check("mma_fragments", mma_fragments)
 
 # %% [markdown]
 # ### Worked exercises

@@ -202,7 +202,7 @@ def test_rope_page_escapes_the_file_name(tmp_path):
 
 def test_prediction_rows_put_measured_beside_predicted_only_when_a_report_exists(tmp_path):
     header, rows, note = plots.prediction_rows("01", results_dir=tmp_path)
-    assert len(rows) == 5 and all(r[-1] == "—" for r in rows) and "nothing yet" in note
+    assert len(rows) == 4 and all(r[-1] == "—" for r in rows) and "nothing yet" in note
     floor = float(rows[0][5].replace(",", ""))
     assert floor == pytest.approx(2 * 4096 * 4608 * 1024 / 67e12 * 1e6, rel=1e-3)  # wqkv at the fp32 datasheet peak
     run = tmp_path / "H200-2026-12-24"

@@ -179,7 +179,7 @@ EXERCISES = (
     ),
     Exercise(
         "mma_fragments",
-        "01_patch_embed_gemm",
+        "04_attention",
         "CUDA C: one warp per 16×8 tile of C with mma.sync.m16n8k16 — the fragment addressing",
         mma_cases,
         (

@@ -1,4 +1,4 @@
-// Solution of exercise "mma_fragments" (notebook 01): C = A·Bᵀ, one warp per 16×8 tile, mma.sync.m16n8k16.
+// Solution of exercise "mma_fragments" (notebook 04): C = A·Bᵀ, one warp per 16×8 tile, mma.sync.m16n8k16.
 // A [M, K] and B [N, K] are bf16 bit patterns (K a multiple of 16), C [M, N] float32.
 #include "ptx.cuh"
 
