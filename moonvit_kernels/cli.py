@@ -116,7 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--revision", help="branch, tag or commit (hf:// only; default main)")
     fetch.add_argument("--force", action="store_true", help="replace a checkpoint in --out that fetch did not write")
     fetch.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds an http(s) request may go without data (default 60)"
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds an http(s) request may go without data (default 60); then it is retried from where it "
+        "stopped, 3 times, before the fetch stops (run it again to resume)",
     )
     fetch.add_argument("--quiet", action="store_true", help="no progress bar")
     fetch.set_defaults(func=fetch_command.cmd_fetch)

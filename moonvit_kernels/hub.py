@@ -25,7 +25,10 @@ Nothing is trusted that was not checked:
 - every piece of a response goes to its part as it arrives (the journal line with it; both flushed to
   disk at least once a second), so Ctrl-C, a killed process, a dropped or stalled request keep what
   came; chunk sizes follow the link (about 5 s per request); `timeout` (seconds without data, and
-  no other limit: aiohttp's 5-minute total is lifted) gives an error naming the URL;
+  no other limit: aiohttp's 5-minute total is lifted) ends a request; a request the link broke is tried
+  again from where it stopped (RETRIES times in a row, pausing 1, 2, 4 s) before the fetch gives up with
+  an error naming the URL. Within a run, that keeps the progress even from a server without validators,
+  whose bytes a later run cannot vouch for (it starts over);
 - `fetch` never writes into its source folder, and refuses an output folder holding a checkpoint it
   did not write unless `force`; its outputs are written atomically (`atomic`).
 
@@ -64,6 +67,8 @@ WRITTEN_BY = FETCH_FORMAT
 CHUNK_BYTES = 64 * 2**20  # the largest request; sizes adapt below it (`ChunkSizer`)
 PIECE_BYTES = 2**16  # bytes handed on from a streaming response at a time
 DEFAULT_TIMEOUT = 60.0  # seconds without data before a request is given up
+RETRIES = 3  # a request the link broke is tried again this many times in a row (each keeps what came)
+RETRY_PAUSE = 1.0  # seconds before the first retry, doubled for each further one
 SYNC_SECONDS = 1.0  # the longest received bytes wait in the page cache before an fsync
 MAX_HEADER_BYTES = 100 * 2**20
 CHECKPOINT_FILES = ("config.json", "model.safetensors", INDEX_NAME, MANIFEST_NAME)
@@ -95,6 +100,11 @@ class FetchError(Exception):
 
 class SourceChanged(FetchError):
     """A source file is no longer the one the plan saw: its bytes are not kept."""
+
+
+class LinkError(FetchError):
+    """A request the link broke (no data for `timeout` s, a dropped connection, a short body, HTTP 429 or 5xx):
+    worth trying again, from where it stopped."""
 
 
 def parse_hf(source: str) -> tuple[str, str | None]:
@@ -219,12 +229,12 @@ class HttpSource(Source):
         except FileNotFoundError:
             raise FetchError(f"{self.label}: no file {name} ({url})") from None
         except TimeoutError:
-            raise FetchError(
+            raise LinkError(
                 f"{self.label}: no data from {url} for {self.timeout:g} s while {what} (--timeout); "
                 "run the fetch again to resume"
             ) from None
         except Exception as e:  # refused connection, dropped connection: aiohttp's many kinds
-            raise FetchError(
+            raise LinkError(
                 f"{self.label}: cannot read {name} ({what}: {type(e).__name__}: {one_line(e)}); "
                 "run the fetch again to resume"
             ) from None
@@ -291,7 +301,10 @@ class HttpSource(Source):
             if response.status == 412:
                 raise SourceChanged(f"{self.label}: {url} changed since the fetch was planned (HTTP 412)")
             if response.status >= 400:
-                raise FetchError(f"{self.label}: {url} answered HTTP {response.status} {response.reason}")
+                busy = response.status == 429 or response.status >= 500
+                raise (LinkError if busy else FetchError)(
+                    f"{self.label}: {url} answered HTTP {response.status} {response.reason}"
+                )
             if start is not None:
                 if response.status != 206:
                     raise FetchError(
@@ -318,7 +331,7 @@ class HttpSource(Source):
             else:
                 response.close()  # abandon the body (a server that ignored the Range: a whole shard)
         if start is not None and got != end - start:
-            raise FetchError(
+            raise LinkError(
                 f"{self.label}: asked {url} for bytes {start}..{end} and got {got} bytes; run the fetch again to resume"
             )
 
@@ -617,11 +630,13 @@ def _download(
     advance: Callable[[int], None],
 ) -> int:
     """Append the missing bytes of tensor `t` to its part, chunk by chunk, each verified to come from
-    the planned `version` of its shard; what a failing request delivered is kept. Returns bytes fetched."""
+    the planned `version` of its shard; what a failing request delivered is kept, and a request the link
+    broke (`LinkError`) is tried again from there, up to RETRIES times in a row, the next range sized by
+    what the link delivered. Returns bytes fetched."""
     part = Part(parts, t.name)
     have = part.verified(t.nbytes)
     advance(have)
-    fetched = 0
+    fetched, failures = 0, 0
     while have < t.nbytes:
         n = min(sizer.size, t.nbytes - have)
         sink = PieceWriter(part)
@@ -639,8 +654,13 @@ def _download(
         fetched += sink.bytes
         advance(sink.bytes)
         sizer.update(sink.bytes, time.monotonic() - began)
+        failures = 0 if sink.bytes else failures
+        if isinstance(failure, LinkError) and failures < RETRIES:
+            time.sleep(RETRY_PAUSE * 2**failures)
+            failures += 1
+            continue
         if failure is not None:
-            raise failure
+            raise (LinkError(f"{one_line(failure)} (tried {failures + 1} times)") if failures else failure) from None
         if not sink.bytes:
             raise FetchError(f"{source.label}: {t.shard} sent no bytes for {t.name}; run the fetch again to resume")
     return fetched

@@ -409,8 +409,10 @@ if emulation.compiler() is None:
 else:
     got_fp32 = emulation.gemm(a_e, b_e)
     assert np.all(np.abs(got_fp32 - exact) <= bound_e), "gemm_fp32.cu beyond the fp32 bound"
-    print(f"CPU emulator, gemm_fp32.cu on [{m_e}, {k_e}] · [{n_e}, {k_e}]ᵀ: max abs error "
-          f"{np.abs(got_fp32 - exact).max():.2e}, {(np.abs(got_fp32 - exact) / bound_e).max():.2f} of the fp32 bound")
+    print(
+        f"CPU emulator, gemm_fp32.cu on [{m_e}, {k_e}] · [{n_e}, {k_e}]ᵀ: max abs error "
+        f"{np.abs(got_fp32 - exact).max():.2e}, {(np.abs(got_fp32 - exact) / bound_e).max():.2f} of the fp32 bound"
+    )
 
 # %% [markdown]
 # ## FLOPs and time

@@ -314,7 +314,6 @@ print(region(KERNEL_DIR / "gemm_bf16.cu", "kernel"))
 # %%
 from IPython.display import Markdown, display
 
-from moonvit_kernels.config import FP32_EPS
 from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.plots import markdown_table
 from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits

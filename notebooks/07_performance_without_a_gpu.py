@@ -476,8 +476,10 @@ for path in measured_reports():
     for row in calibration.read_kernel_rows(path):
         if row["item"] == "gemm v3 qkv" and row["shape"] == f"{M}x{N}x{K}":
             rate = float(row["rate"])
-            print(f"{path.parent.name} (gpu_check, real GPU): GEMM v3 at {row['shape']}: {rate:.1f} TFLOP/s measured; "
-                  f"the bound allows {bound_rate:.1f} (model): measured / bound = {rate / bound_rate:.2f}")
+            print(
+                f"{path.parent.name} (gpu_check, real GPU): GEMM v3 at {row['shape']}: {rate:.1f} TFLOP/s measured; "
+                f"the bound allows {bound_rate:.1f} (model): measured / bound = {rate / bound_rate:.2f}"
+            )
 
 # %% [markdown]
 # ## Exercises

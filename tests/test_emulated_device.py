@@ -110,8 +110,12 @@ def test_hopper_launches_encode_each_tensor_map_once(dev, monkeypatch):
         np.testing.assert_allclose(hopper_launchers.gemm(a_dev, b_dev).get(), want, rtol=1e-5, atol=1e-5)
     assert len(encoded) == 2, encoded  # A's map and B's, once
     b2 = dev.asarray(float32_to_bf16_bits(b[:, :8]).copy())
-    np.testing.assert_allclose(hopper_launchers.gemm(a_dev[:, :8].copy(), b2).get(),
-                               a[:, :8].astype(np.float64) @ b[:, :8].astype(np.float64).T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        hopper_launchers.gemm(a_dev[:, :8].copy(), b2).get(),
+        a[:, :8].astype(np.float64) @ b[:, :8].astype(np.float64).T,
+        rtol=1e-5,
+        atol=1e-5,
+    )
     assert len(encoded) == 4 and {m.dims for m, _ in encoded[2:]} == {(8, 6), (8, 5)}
 
 

@@ -295,7 +295,14 @@ def test_local_folder_gives_the_same_tensors(checkpoint, server, tmp_path):
     assert local["bytes_read_this_run"] == remote["bytes_read_this_run"]
 
 
-def test_resume_after_an_interrupted_transfer(checkpoint, server, tmp_path):
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch):
+    """Retries of broken requests without the production pause (1, 2, 4 s)."""
+    monkeypatch.setattr(hub, "RETRY_PAUSE", 0.01)
+
+
+def test_resume_after_an_interrupted_transfer(checkpoint, server, tmp_path, monkeypatch):
+    monkeypatch.setattr(hub, "RETRIES", 0)  # the run gives up at the first drop: the next run resumes
     full = hub.fetch(str(checkpoint), tmp_path / "reference", progress=False)
     overhead = expected_reads(checkpoint, full) - full["vision_bytes"]
     server.fail_after = overhead + full["vision_bytes"] // 2  # the connection drops half way
@@ -311,7 +318,52 @@ def test_resume_after_an_interrupted_transfer(checkpoint, server, tmp_path):
     assert again["tensors"] == full["tensors"]  # same sha256 for every tensor
 
 
-def test_parts_of_another_source_are_not_reused(checkpoint, server, tmp_path):
+@pytest.mark.parametrize("validators", [True, False])
+def test_a_dropped_connection_is_retried_in_the_run_from_where_it_stopped(small, tmp_path, validators):
+    """The link drops half way: the run goes on from the last byte that came (what is served twice is at most
+    the piece in flight when the connection broke), also from a server without validators, whose bytes a
+    later run could not vouch for."""
+    root, _, wts = small
+    reference = hub.fetch(str(root), tmp_path / "reference", progress=False)
+    overhead = expected_reads(root, reference) - reference["vision_bytes"]
+    srv = serve(root, validators=validators)
+    try:
+        srv.fail_after = overhead + reference["vision_bytes"] // 2
+        got = hub.fetch(srv.url, tmp_path / "v", progress=False, chunk_bytes=4096)
+        assert got["vision_bytes_fetched_this_run"] == reference["vision_bytes"]
+        assert 0 <= srv.bytes_served - (overhead + reference["vision_bytes"]) < hub.PIECE_BYTES
+        assert got["tensors"] == reference["tensors"]
+        same_weights(loaded(tmp_path / "v"), wts)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_link_that_keeps_breaking_gives_up_after_the_retries(small, tmp_path, monkeypatch):
+    root, _, _ = small
+    srv = serve(root)
+    calls = []
+
+    real = hub.HttpSource.stream_range
+
+    def broken(self, name, start, end, expect, sink):
+        if not isinstance(sink, hub.PieceWriter):  # config, index and headers: read as usual
+            return real(self, name, start, end, expect, sink)
+        calls.append(start)
+        raise hub.LinkError(f"{self.label}: no data from {self.url(name)} for 1 s; run the fetch again to resume")
+
+    try:
+        monkeypatch.setattr(hub.HttpSource, "stream_range", broken)
+        with pytest.raises(hub.LinkError, match=r"run the fetch again to resume \(tried 4 times\)"):
+            hub.fetch(srv.url, tmp_path / "v", progress=False)
+        assert len(calls) == hub.RETRIES + 1 == 4 and len(set(calls)) == 1  # the same place each time
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_parts_of_another_source_are_not_reused(checkpoint, server, tmp_path, monkeypatch):
+    monkeypatch.setattr(hub, "RETRIES", 0)
     server.fail_after = 20_000  # config, index, headers, then part of the tensors
     with pytest.raises(hub.FetchError, match="resume"):
         hub.fetch(server.url, tmp_path / "v", progress=False, chunk_bytes=1024)
@@ -622,7 +674,8 @@ def test_a_zero_filled_part_is_not_trusted(small, tmp_path, monkeypatch):
             assert hashlib.sha256(f.read(b - a)).hexdigest() == entry["sha256"], name
 
 
-def test_a_stalled_server_times_out_naming_the_url_and_keeps_what_came(small, tmp_path, capsys):
+def test_a_stalled_server_times_out_naming_the_url_and_keeps_what_came(small, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(hub, "RETRIES", 0)  # no retry: the stalled request ends the run
     root, srv, wts = small
     reference = hub.fetch(str(root), tmp_path / "reference", progress=False)
     overhead = expected_reads(root, reference) - reference["vision_bytes"]

@@ -84,6 +84,4 @@ def test_a_racy_cuda_c_kernel_gets_a_race_verdict_on_the_emulator():
     its neighbours' slots before (forward order) or after (reversed) they are written."""
     result = check("rmsnorm_warp_sum", RACY_WARP_SUM, verbose=False)
     assert not result.passed
-    assert re.search(r"race: the output depends on the order of the threads \(all rows", result.message), (
-        result.message
-    )
+    assert re.search(r"race: the output depends on the order of the threads \(all rows", result.message), result.message

@@ -24,9 +24,9 @@ not to the kernels:
 
 Threads still interleave under the GIL as before, so a missing barrier still races and still fails its
 test (tests/test_simulator.py plants both faults). `reversed_thread_order()` starts each block's threads last
-to first, so that the exercise checker can ask whether an output depends on the order of the threads. `install()` applies both to numba-cuda's simulator
-(`numba.cuda.simulator.kernel`, numba-cuda 0.30, frozen) for this process; `_cuda` calls it when the
-simulator is on.
+to first, so that the exercise checker can ask whether an output depends on the order of the threads.
+`install()` applies both to numba-cuda's simulator (`numba.cuda.simulator.kernel`, numba-cuda 0.30, frozen)
+for this process; `_cuda` calls it when the simulator is on.
 """
 
 from __future__ import annotations

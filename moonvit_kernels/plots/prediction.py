@@ -25,7 +25,8 @@ def measured_reports(results_dir: Path | None = None) -> list[Path]:
 def _rate_text(row: dict[str, str]) -> str:
     what = " ".join(x for x in (row.get("item"), row.get("shape")) if x)
     ms = f"{float(row['median_ms']):.3g} ms, " if row.get("median_ms") else ""
-    return f"{what}: {ms}{float(row['rate']):.3g} {row['unit']}" if what else f"{ms}{float(row['rate']):.3g} {row['unit']}"
+    rate = f"{ms}{float(row['rate']):.3g} {row['unit']}"
+    return f"{what}: {rate}" if what else rate
 
 
 def prediction_rows(

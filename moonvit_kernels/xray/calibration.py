@@ -114,7 +114,7 @@ def _score(item: str, row) -> int:
 
 
 def _dtype_word(text: str) -> str | None:
-    """"bfloat16" or "float32" from the first dtype word of `text` (bf16, bfloat16, f32, fp32, float32), or None."""
+    """ "bfloat16" or "float32" from the first dtype word of `text` (bf16, bfloat16, f32, fp32, float32), or None."""
     m = re.search(r"(bfloat16|bf16|float32|fp32|f32)", text)
     return None if m is None else ("bfloat16" if m[1].startswith("b") else "float32")
 

@@ -197,8 +197,9 @@ class TestNumba:
         x = r.standard_normal((L, cfg.vt_hidden_size)).astype(np.float32)
         pos = (r.standard_normal((*K3_SIZED_SOURCE, cfg.vt_hidden_size)) * 0.5).astype(np.float32)
         want = ref.add_position_embedding(x.astype(np.float64), grid, pos.astype(np.float64), cfg)
-        got = P.add_position_embedding(x.copy(), pos, P.time_table(cfg.vt_hidden_size, cfg.init_pos_emb_time),
-                                       launch.item_table(grid), mode=mode)
+        got = P.add_position_embedding(
+            x.copy(), pos, P.time_table(cfg.vt_hidden_size, cfg.init_pos_emb_time), launch.item_table(grid), mode=mode
+        )
         rtol, atol = pos_emb_tolerance(pos, mode)
         assert_close(got.copy_to_host(), want, rtol=rtol, atol=atol, name=f"{mode} 64x60 source")
 
