@@ -316,8 +316,17 @@ def decode_row(row: dict[str, Any], settings: Any) -> dict[str, Any]:
     out = {k: row[k] for k in ("shard", "index", "id", "path")}
     out.update(width=0, height=0, t=0, h=0, w=0, pixels=b"", error="")
     try:
-        data = row["data"]
-        item = preprocess_images(bytes(data) if data else row["path"], settings)
+        if not row["data"] and not Path(row["path"]).is_file():
+            raise ValueError(f"{row['path']}: no such image file")
+        data = bytes(row["data"]) if row["data"] else Path(row["path"]).read_bytes()
+        expected = row.get("digest")
+        if expected and hashlib.sha256(data).hexdigest() != expected:  # what is decoded is what was keyed
+            out["error"] = (
+                f"SourceChanged: {row['path'] or row['id']} changed after this run read its digest; "
+                "run encode-dataset again to encode the new content"
+            )
+            return out
+        item = preprocess_images(data, settings)
     except Exception as e:  # noqa: BLE001 — a bad image is recorded, never raised
         out["error"] = f"{type(e).__name__}: {' '.join(str(e).split())}"
         return out
@@ -651,8 +660,8 @@ def _encode_dataset(
     try:
         if pending:
             written, backends = _run_pipeline(
-                ray, sources, pending, out, weights, backend, batch_tokens, actors, limits, config, progress, tqdm,
-                allow_nonfinite,
+                ray, sources, digests, pending, out, weights, backend, batch_tokens, actors, limits, config, progress,
+                tqdm, allow_nonfinite,
             )  # fmt: skip
     finally:
         if started_ray:
@@ -692,6 +701,7 @@ def plan_cpus(cpus: float, actors: int, where: str) -> tuple[float, float]:
 def _run_pipeline(
     ray: Any,
     sources: list[Source],
+    digests: list[str],
     pending: list[Shard],
     out: Path,
     weights: str,
@@ -704,7 +714,8 @@ def _run_pipeline(
     tqdm: Any,
     allow_nonfinite: bool = False,
 ) -> tuple[dict[int, dict[str, Any]], list[str]]:
-    """Run decode -> encode for the pending shards; write each shard as soon as all its rows are in.
+    """Run decode -> encode for the pending shards; write each shard as soon as all its rows are in. A source
+    is decoded from the bytes whose sha256 (`digests`, the shard keys' part) is checked, read once.
     Returns the written shards' summaries and the backends the actors ran."""
     import ray.data
 
@@ -712,7 +723,8 @@ def _run_pipeline(
     context.enable_progress_bars = False  # ours counts images; Ray Data's count blocks per operator
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     items = [
-        {"shard": s.number, "index": i, "id": sources[i].id, "path": sources[i].path, "data": sources[i].data}
+        {"shard": s.number, "index": i, "id": sources[i].id, "path": sources[i].path, "data": sources[i].data,
+         "digest": digests[i]}
         for s in pending
         for i in range(s.start, s.stop)
     ]

@@ -241,6 +241,23 @@ def test_encoder_isolates_an_item_that_fails_inside_a_pack(images):
         np.testing.assert_allclose(got, expected[name], rtol=1e-5, atol=1e-5)
 
 
+def test_decode_row_decodes_only_the_content_whose_digest_keyed_the_shard(images, tmp_path):
+    """A picture replaced between the run's digest and its decode is not encoded under the old key: the row
+    records why (the next run keys its shard by the new content and encodes it)."""
+    import hashlib
+    import shutil
+
+    picture = tmp_path / "p.png"
+    shutil.copy(images / RGBA, picture)
+    row = {"shard": 0, "index": 0, "id": "p.png", "path": str(picture), "data": b""}
+    digest = hashlib.sha256(picture.read_bytes()).hexdigest()
+    assert dataset.decode_row({**row, "digest": digest}, CONFIG)["error"] == ""
+    shutil.copy(next(p for p in sorted(images.iterdir()) if p.name != RGBA), picture)  # replaced after the digest
+    changed = dataset.decode_row({**row, "digest": digest}, CONFIG)
+    assert changed["error"].startswith("SourceChanged: ") and "changed after this run read its digest" in changed["error"]
+    assert changed["pixels"] == b""
+
+
 def test_decode_row_records_reasons_instead_of_raising(images):
     base = {"shard": 0, "index": 0, "id": "x", "data": b""}
     missing = dataset.decode_row({**base, "path": str(images / "missing.png")}, CONFIG)
@@ -314,7 +331,7 @@ def no_ray(monkeypatch):
     """Ray must not start: the checks under test come first. A stand-in pipeline writes fake rows."""
     monkeypatch.setattr(dataset, "init_ray", lambda *a, **k: pytest.fail("Ray was started"))
 
-    def pipeline(ray, sources, pending, out, *args, **kwargs):
+    def pipeline(ray, sources, digests, pending, out, *args, **kwargs):
         written = {}
         for s in pending:
             rows = [fake_row(i, sources[i].id) for i in range(s.start, s.stop)]
