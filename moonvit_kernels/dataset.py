@@ -723,8 +723,14 @@ def _run_pipeline(
     context.enable_progress_bars = False  # ours counts images; Ray Data's count blocks per operator
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     items = [
-        {"shard": s.number, "index": i, "id": sources[i].id, "path": sources[i].path, "data": sources[i].data,
-         "digest": digests[i]}
+        {
+            "shard": s.number,
+            "index": i,
+            "id": sources[i].id,
+            "path": sources[i].path,
+            "data": sources[i].data,
+            "digest": digests[i],
+        }
         for s in pending
         for i in range(s.start, s.stop)
     ]
