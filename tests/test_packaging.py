@@ -38,6 +38,7 @@ IMPORT_TO_DIST = {
     "pytest": {"pytest"},
     "nbformat": {"nbformat"},
     "nbclient": {"nbclient"},
+    "quickjs": {"quickjs"},  # runs the script of rope --html's page
     "jupyter_client": {"jupyter_client", "jupyter-client"},
     "jupytext": {"jupytext"},
     "IPython": {"ipython"},
