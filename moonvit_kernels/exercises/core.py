@@ -357,7 +357,7 @@ def race_verdict(kernel: Any, launch: Launcher, case: Case, got: np.ndarray) -> 
     differs from `got` by more than the case's error bound somewhere; None otherwise (a last-bit difference,
     e.g. of atomics adding in another order, is not a race), or when it cannot run again (the first verdict
     stands)."""
-    from .launch import reversed_thread_order
+    from .thread_order import reversed_thread_order
 
     try:
         with reversed_thread_order():

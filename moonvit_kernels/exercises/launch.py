@@ -9,25 +9,12 @@ A numba kernel on a real GPU runs in this process (CUDA does not survive a fork)
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from .. import contained
 from .core import GUARD_ROWS, OUT, TIME_LIMIT, Case, KernelStopped
-
-
-@contextlib.contextmanager
-def reversed_thread_order() -> Iterator[None]:
-    """Within the block, learner kernels run with their threads in the opposite order: on the CPU emulator
-    (warps, lanes, blocks) and under the simulator (start order); on a GPU nothing changes."""
-    from moonvit_kernels.cuda_backend.emulation import device
-    from moonvit_kernels.numba_backend import simulator
-
-    with device.reversed_thread_order(), simulator.reversed_thread_order():
-        yield
 
 
 def _filled(case: Case) -> np.ndarray:

@@ -114,7 +114,8 @@ def install() -> None:
     from numba import cuda as cuda_module
     from numba.cuda.simulator import kernel as sim
     from numba.cuda.simulator import kernelapi as api
-    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule, numpy_support
+    from numba.cuda.simulator.kernelapi import types as numba_types
 
     skip = (os.path.dirname(sim.__file__) + os.sep, __file__, threading.__file__)
 
@@ -206,7 +207,37 @@ def install() -> None:
             direct = self._moonvit_direct = not names_cuda(self.fn, cuda_module, FakeCUDAModule)
         return self.fn(*args) if direct else swapped_call(self.fn, args)
 
+    numba_shared_array = api.FakeCUDAShared.array
+    allocating = threading.Lock()
+
+    def shared_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
+        """numba's `cuda.shared.array` (one array per call site and block), made once under a lock and filled
+        with `garbage`; dynamic shared memory (shape 0) as numba has it."""
+        if alignment is not None or shape == 0:
+            return numba_shared_array(self, shape, dtype, alignment)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with allocating:
+            out = self._allocations.get(key)
+            if out is None:
+                dtype = numpy_support.as_dtype(dtype) if isinstance(dtype, numba_types.Type) else np.dtype(dtype)
+                out = self._allocations[key] = np.full(shape, garbage(dtype), dtype)
+        return out
+
     sim.BlockThread = WaitingBlockThread
     sim.BlockManager = WaitingBlockManager
     sim.FakeCUDAKernel.__call__ = call
+    api.FakeCUDAShared.array = shared_array
     _installed = True
+
+
+def garbage(dtype: np.dtype) -> Any:
+    """What a new static shared array of `dtype` holds under the simulator: NaN for floats, 0xCD bytes for
+    integers (-842150451 as int32), so a read of an element nothing wrote shows in the output (as NaN, or an
+    index far out of range) instead of being numpy's leftover memory, zeros in a fresh process."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "fc":
+        return np.nan
+    if dtype.kind in "iu":
+        return np.frombuffer(b"\xcd" * dtype.itemsize, dtype)[0]
+    return np.zeros((), dtype)[()]
