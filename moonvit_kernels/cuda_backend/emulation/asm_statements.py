@@ -58,9 +58,10 @@ def _blank(text: str, strings: bool) -> str:
             if text[j] != "\n":
                 out[j] = " "
 
-    i, n = 0, len(text)
+    i, n, line_start = 0, len(text), 0
     while i < n:
-        line_start = text.rfind("\n", 0, i) + 1
+        if text[i] == "\n":
+            line_start = i + 1
         if text.startswith("//", i) or (strings and text[i] == "#" and not text[line_start:i].strip()):
             end = n if text.find("\n", i) < 0 else text.find("\n", i)
             spaces(i, end)
@@ -123,7 +124,7 @@ def _operands(section: str, masked: str) -> tuple[Operand, ...]:
 
 def definitions(text: str) -> dict[str, Definition]:
     """Name -> the first definition (`name(params) {body}`) of each function in `text`, at any depth."""
-    masked = _blank(text, strings=True)
+    masked, code = _blank(text, strings=True), _blank(text, strings=False)
     found: dict[str, Definition] = {}
     for m in re.finditer(r"\b([A-Za-z_]\w*)\s*\(", masked):
         if m.group(1) in ("if", "for", "while", "switch", "return", "sizeof", "asm"):
@@ -137,8 +138,8 @@ def definitions(text: str) -> dict[str, Definition]:
         found[m.group(1)] = Definition(
             name=m.group(1),
             line=text.count("\n", 0, m.start()) + 1,
-            params=normalise(_blank(text, strings=False)[m.end() : close]),
-            body=_blank(text, strings=False)[body_open + 1 : body_close],
+            params=normalise(code[m.end() : close]),
+            body=code[body_open + 1 : body_close],
             span=(body_open, body_close),
         )
     return found
