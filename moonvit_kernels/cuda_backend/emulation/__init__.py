@@ -8,6 +8,8 @@ CUDA thread becomes a fiber, so only small sizes are practical (a few blocks), b
 bound, fragment layout, pipeline wait and softmax step of the real kernels runs and is compared with
 the NumPy reference. What it cannot show: speed, registers, races the barriers do not order, and the
 device's exact transcendental functions.
+The stand-ins never read the real headers' inline PTX: `ptx_models.py` names the exact PTX each one
+models, and tests/test_ptx_conformance.py holds the real asm statements to it (`ptx_conformance`).
 
 The emulator is a *device* (`emulation.device`): an object with CuPy's interface that the real
 launchers (`cuda_backend.launchers`, `hopper_launchers`) run on, argument marshalling, checks and
