@@ -1,7 +1,7 @@
 """Race verdicts: a kernel whose output depends on the order of its threads is told so.
 
 When a case fails (and on the first case always), the checker runs the kernel again with its threads in the
-opposite order (`exercises.launch.reversed_thread_order`: warps, lanes and blocks reversed on the CPU
+opposite order (`exercises.thread_order.reversed_thread_order`: warps, lanes and blocks reversed on the CPU
 emulator, threads started last to first under the simulator) and says "race: ..." when the output changes
 beyond the case's error bound. Every barrier of every solution is dropped in turn (the list is read from
 the solutions, so a new solution's barriers are covered without editing this file): each such kernel must

@@ -1,4 +1,5 @@
-"""Two speed-ups for numba-cuda's CUDA simulator that change nothing a kernel can observe.
+"""Two speed-ups for numba-cuda's CUDA simulator that change nothing a correct kernel can observe, and shared
+memory that shows an incorrect one's reads of what nothing wrote.
 
 The simulator runs a block as one Python thread per CUDA thread. Profiled on a forward of the tiny config
 (40 tokens, 2 layers: 23 launches, 362 blocks, 25,280 threads), its time went to two pieces of machinery,
@@ -25,7 +26,13 @@ not to the kernels:
 Threads still interleave under the GIL as before, so a missing barrier still races and still fails its
 test (tests/test_simulator.py plants both faults). `reversed_thread_order()` starts each block's threads last
 to first, so that the exercise checker can ask whether an output depends on the order of the threads.
-`install()` applies both to numba-cuda's simulator (`numba.cuda.simulator.kernel`, numba-cuda 0.30, frozen)
+3. **Shared memory starts as visible garbage.** numba makes a static `cuda.shared.array` with `np.empty`:
+   zeros in a fresh process, leftovers of earlier work in a long-lived one, so a kernel reading a slot no
+   thread wrote passed or failed by the history of its process. Here a new array holds NaN (floats) or
+   0xCD bytes (integers), and is made once per call site under a lock (numba's lookup walked the whole
+   stack on every call).
+
+`install()` applies all three to numba-cuda's simulator (`numba.cuda.simulator.kernel`, numba-cuda 0.30, frozen)
 for this process; `_cuda` calls it when the simulator is on.
 """
 
