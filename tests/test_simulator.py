@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from moonvit_kernels.device import simulator_enabled
-from moonvit_kernels.numba_backend._cuda import cuda, float32
+from moonvit_kernels.numba_backend._cuda import cuda, float32, int32
 
 SIMULATOR = simulator_enabled()
 
@@ -187,3 +187,25 @@ def test_one_barrier_site_in_a_loop_and_syncthreads_count_pass():
     out = np.full(THREADS, np.nan, np.float32)
     barrier_in_a_loop_and_a_count[1, THREADS](x, out)
     np.testing.assert_array_equal(out, x[::-1])
+
+
+@cuda.jit
+def read_unwritten_shared(out_f, out_i):
+    floats = cuda.shared.array(4, float32)
+    ints = cuda.shared.array(4, int32)
+    t = cuda.threadIdx.x
+    if t == 0:
+        floats[0] = 1.5
+        ints[0] = 7
+    cuda.syncthreads()
+    out_f[t] = floats[t]
+    out_i[t] = ints[t]
+
+
+def test_shared_memory_nothing_wrote_shows_as_nan_or_0xcd_and_arrays_do_not_alias():
+    """Slot 0 was written, slots 1-3 not: NaN (floats) and 0xCDCDCDCD (int32), whatever the process did before;
+    the two arrays of one kernel are two arrays."""
+    out_f, out_i = np.zeros(4, np.float32), np.zeros(4, np.int32)
+    read_unwritten_shared[1, 4](out_f, out_i)
+    assert out_f[0] == 1.5 and np.isnan(out_f[1:]).all()
+    assert out_i[0] == 7 and (out_i[1:] == np.frombuffer(b"\xcd" * 4, np.int32)[0]).all()
