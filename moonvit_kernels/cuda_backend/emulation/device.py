@@ -40,6 +40,7 @@ import functools
 import math
 import mmap
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
@@ -50,7 +51,7 @@ import numpy as np
 from moonvit_kernels import registry
 
 from ... import contained, launch_rules
-from . import build
+from . import build, guard
 
 EMULATED = True
 __version__ = "emulator"
@@ -75,6 +76,13 @@ class LaunchStopped(LaunchError):
     def __init__(self, message: str, timed_out: bool):
         super().__init__(message)
         self.timed_out = timed_out
+
+
+class OutOfBounds(LaunchStopped):
+    """A contained launch whose kernel read or wrote past the end (or before the start) of a device array."""
+
+    def __init__(self, message: str):
+        super().__init__(message, timed_out=False)
 
 
 # ============================================================================ the devices
@@ -212,7 +220,8 @@ def _allocate(shape: Any, dtype: Any, order: str = "C") -> ndarray:
     """Uninitialised device memory of the current device, in shared memory (a launch's child writes it)."""
     dt = np.dtype(dtype)
     nbytes = math.prod(np.atleast_1d(np.asarray(shape, dtype=np.int64)).tolist()) * dt.itemsize
-    out = np.ndarray(shape, dt, buffer=mmap.mmap(-1, max(int(nbytes), 1)), order=order).view(ndarray)
+    memory = guard.allocate(nbytes, f"shape {tuple(np.atleast_1d(shape).tolist())} {dt}, {nbytes} bytes")
+    out = np.ndarray(shape, dt, buffer=memory, offset=memory.start, order=order).view(ndarray)
     out._device_id = _CURRENT[0]
     return out
 
@@ -349,6 +358,7 @@ class Function:
             )
         staging = _Staging() if contain() else None
         packed = [_marshal(self.name, i, a, staging) for i, a in enumerate(args)]
+        maps = _argument_maps(args, staging)
         n = len(packed)
         ptrs = (ctypes.c_void_p * max(n, 1))(*[ctypes.addressof(buf) for buf, _, _ in packed])
         sizes = (ctypes.c_ulonglong * max(n, 1))(*[s for _, s, _ in packed])
@@ -364,9 +374,10 @@ class Function:
             )  # fmt: skip
             return rc, err.value
 
-        rc, message = launch() if staging is None else _contained_launch(self.name, lib, launch)
+        rc, message = launch() if staging is None else _contained_launch(self.name, lib, launch, maps)
         if rc:
             raise LaunchError(message.decode(errors="replace"))
+        _check_canaries(self.name, maps)
         if staging is not None:
             staging.copy_back()
 
@@ -411,9 +422,12 @@ _SIGNAL_MEANS = {
 }
 
 
-def _contained_launch(name: str, lib: ctypes.CDLL, launch: Any) -> tuple[int, bytes]:
+def _contained_launch(
+    name: str, lib: ctypes.CDLL, launch: Any, maps: dict[int, guard.GuardedMap]
+) -> tuple[int, bytes]:
     """`launch()` in a forked child: its (rc, message), or LaunchError naming the kernel when it crashed or
-    ran past the time limit."""
+    ran past the time limit (OutOfBounds when it touched a guard region of a device array; `maps` are the
+    arguments' memory by argument index)."""
     where = mmap.mmap(-1, 512)  # the child's fault handler writes the block, thread and address here
 
     def child() -> tuple[int, bytes]:
@@ -431,10 +445,59 @@ def _contained_launch(name: str, lib: ctypes.CDLL, launch: Any) -> tuple[int, by
         ) from None
     except contained.Crashed as e:
         at = where[:].split(b"\0", 1)[0].decode(errors="replace")
+        if e.signal_name == "SIGSEGV" and (bounds := _bounds_message(name, at, maps)):
+            raise OutOfBounds(bounds + (f"\n{e.output}" if e.output else "")) from None
         what = _SIGNAL_MEANS.get(e.signal_name, "")
         text = f"{name}: the kernel crashed: {e.signal_name or 'exited'}" + (f" ({what})" if what else "")
         text += f" in {at}" if at else ""
         raise LaunchStopped(text + (f"\n{e.output}" if e.output else ""), timed_out=False) from None
+
+
+_FAULT_AT = re.compile(r"^(?P<who>.*?), (?P<access>a read of |a write to )?address (?P<address>0x[0-9a-f]+)")
+
+
+def _bounds_message(name: str, at: str, maps: dict[int, guard.GuardedMap]) -> str | None:
+    """The bounds error of a fault the handler reported as `at`, when its address is in a guard region."""
+    fault = _FAULT_AT.match(at)
+    found = fault and guard.overrun(int(fault["address"], 16))
+    if not found:
+        return None
+    memory, where = found
+    owner = next((f"argument {i}" for i, m in maps.items() if m is memory), "a device array")
+    access = (fault["access"] or "an access to ").strip()
+    return (
+        f"{name}: out-of-bounds access: {fault['who']} made {access} address {fault['address']}, {where} of {owner} "
+        f"({memory.describe}, at 0x{memory.array_address:x})"
+    )
+
+
+def _argument_maps(args: Sequence[Any], staging: _Staging | None) -> dict[int, guard.GuardedMap]:
+    """The guarded memory of each device-array argument (its staged copy's when staged), by argument index."""
+    maps = {}
+    for i, a in enumerate(args):
+        if isinstance(a, ndarray):
+            shared = is_shared(a) or staging is None
+            memory = guard.map_of(a if shared else staging.root_copy(_root(a)))
+            if memory is not None:
+                maps[i] = memory
+    return maps
+
+
+def _check_canaries(name: str, maps: dict[int, guard.GuardedMap]) -> None:
+    """OutOfBounds when the launch wrote between an argument array and its guard regions."""
+    for i, memory in maps.items():
+        if where := guard.dirty_canary(memory):
+            raise OutOfBounds(
+                f"{name}: out-of-bounds write into {where} of argument {i} ({memory.describe}; found after "
+                "the launch, so the block and thread are unknown)"
+            )
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array owning `a`'s memory (`a` itself, or the array it is a view of)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 class _Staging:
@@ -448,16 +511,19 @@ class _Staging:
         ptr = int(a.ctypes.data)
         if is_shared(a):
             return ptr
-        root = a
-        while isinstance(root.base, np.ndarray):
-            root = root.base
+        root = _root(a)
+        return int(self.root_copy(root).ctypes.data) + ptr - int(root.ctypes.data)
+
+    def root_copy(self, root: np.ndarray) -> np.ndarray:
+        """The shared copy of private array `root` (made on first use)."""
         for r, copy in self.copies:
             if r is root:
-                return int(copy.ctypes.data) + ptr - int(r.ctypes.data)
-        copy = np.ndarray(root.nbytes, np.uint8, buffer=mmap.mmap(-1, max(root.nbytes, 1)))
+                return copy
+        memory = guard.allocate(root.nbytes, f"shape {root.shape} {root.dtype}, {root.nbytes} bytes")
+        copy = np.ndarray(root.nbytes, np.uint8, buffer=memory, offset=memory.start)
         ctypes.memmove(copy.ctypes.data, root.ctypes.data, root.nbytes)
         self.copies.append((root, copy))
-        return int(copy.ctypes.data) + ptr - int(root.ctypes.data)
+        return copy
 
     def copy_back(self) -> None:
         for root, copy in self.copies:
