@@ -27,9 +27,13 @@ forked child (`moonvit_kernels.contained`) that writes it, so a kernel that abor
 pointer or never ends raises `LaunchError` naming the kernel, the signal and the block and thread it was
 running, or the time limit (`time_limit`, MOONVIT_EMU_TIME_LIMIT seconds, default 600), and the Python
 process lives on. A device array made by NumPy arithmetic (private memory) is copied to shared memory for
-the launch and back after it. MOONVIT_EMU_CONTAIN=0 runs launches in this process (trusted kernels only:
-a fault there ends the process). What it cannot show: speed, registers, the device's exact
-transcendental functions, and races the barriers do not order.
+the launch and back after it. Every device array ends against a guard region (`emulation/guard.py`): a kernel
+that reads or writes past an array's end (or before its start) raises `OutOfBounds` naming the block and
+thread, the address and the argument it ran past; a write into the under 256 bytes between an array's end and
+its guard (its start stays 256-byte aligned) is found after the launch; a read there is not (it reads NaN).
+MOONVIT_EMU_CONTAIN=0 runs launches in this process (trusted kernels only: a fault there ends the process).
+What it cannot show: speed, registers, the device's exact transcendental functions, and races the barriers
+do not order.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ bool_ = np.bool_
 DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a kernel may use before raising its attribute
 _TIME_LIMIT = [contained.check_time_limit(os.environ.get("MOONVIT_EMU_TIME_LIMIT", "600"))]
 _FORCE_CONTAIN = [False]
+_Maps = dict[int, guard.GuardedMap]  # the guarded memory of a launch's array arguments, by argument index
 
 
 class LaunchError(RuntimeError):
@@ -422,9 +427,7 @@ _SIGNAL_MEANS = {
 }
 
 
-def _contained_launch(
-    name: str, lib: ctypes.CDLL, launch: Any, maps: dict[int, guard.GuardedMap]
-) -> tuple[int, bytes]:
+def _contained_launch(name: str, lib: ctypes.CDLL, launch: Any, maps: _Maps) -> tuple[int, bytes]:
     """`launch()` in a forked child: its (rc, message), or LaunchError naming the kernel when it crashed or
     ran past the time limit (OutOfBounds when it touched a guard region of a device array; `maps` are the
     arguments' memory by argument index)."""
@@ -456,11 +459,11 @@ def _contained_launch(
 _FAULT_AT = re.compile(r"^(?P<who>.*?), (?P<access>a read of |a write to )?address (?P<address>0x[0-9a-f]+)")
 
 
-def _bounds_message(name: str, at: str, maps: dict[int, guard.GuardedMap]) -> str | None:
+def _bounds_message(name: str, at: str, maps: _Maps) -> str | None:
     """The bounds error of a fault the handler reported as `at`, when its address is in a guard region."""
     fault = _FAULT_AT.match(at)
-    found = fault and guard.overrun(int(fault["address"], 16))
-    if not found:
+    found = guard.overrun(int(fault["address"], 16)) if fault else None
+    if fault is None or found is None:
         return None
     memory, where = found
     owner = next((f"argument {i}" for i, m in maps.items() if m is memory), "a device array")
@@ -471,19 +474,18 @@ def _bounds_message(name: str, at: str, maps: dict[int, guard.GuardedMap]) -> st
     )
 
 
-def _argument_maps(args: Sequence[Any], staging: _Staging | None) -> dict[int, guard.GuardedMap]:
+def _argument_maps(args: Sequence[Any], staging: _Staging | None) -> _Maps:
     """The guarded memory of each device-array argument (its staged copy's when staged), by argument index."""
-    maps = {}
+    maps: _Maps = {}
     for i, a in enumerate(args):
         if isinstance(a, ndarray):
-            shared = is_shared(a) or staging is None
-            memory = guard.map_of(a if shared else staging.root_copy(_root(a)))
+            memory = guard.map_of(a if is_shared(a) or staging is None else staging.root_copy(_root(a)))
             if memory is not None:
                 maps[i] = memory
     return maps
 
 
-def _check_canaries(name: str, maps: dict[int, guard.GuardedMap]) -> None:
+def _check_canaries(name: str, maps: _Maps) -> None:
     """OutOfBounds when the launch wrote between an argument array and its guard regions."""
     for i, memory in maps.items():
         if where := guard.dirty_canary(memory):
