@@ -27,9 +27,13 @@ forked child (`moonvit_kernels.contained`) that writes it, so a kernel that abor
 pointer or never ends raises `LaunchError` naming the kernel, the signal and the block and thread it was
 running, or the time limit (`time_limit`, MOONVIT_EMU_TIME_LIMIT seconds, default 600), and the Python
 process lives on. A device array made by NumPy arithmetic (private memory) is copied to shared memory for
-the launch and back after it. MOONVIT_EMU_CONTAIN=0 runs launches in this process (trusted kernels only:
-a fault there ends the process). What it cannot show: speed, registers, the device's exact
-transcendental functions, and races the barriers do not order.
+the launch and back after it. Every device array ends against a guard region (`emulation/guard.py`): a kernel
+that reads or writes past an array's end (or before its start) raises `OutOfBounds` naming the block and
+thread, the address and the argument it ran past; a write into the under 256 bytes between an array's end and
+its guard (its start stays 256-byte aligned) is found after the launch; a read there is not (it reads NaN).
+MOONVIT_EMU_CONTAIN=0 runs launches in this process (trusted kernels only: a fault there ends the process).
+What it cannot show: speed, registers, the device's exact transcendental functions, and races the barriers
+do not order.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import functools
 import math
 import mmap
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
@@ -50,7 +55,7 @@ import numpy as np
 from moonvit_kernels import registry
 
 from ... import contained, launch_rules
-from . import build
+from . import build, guard
 
 EMULATED = True
 __version__ = "emulator"
@@ -64,6 +69,7 @@ DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a kernel may use before raisin
 _TIME_LIMIT = [contained.check_time_limit(os.environ.get("MOONVIT_EMU_TIME_LIMIT", "600"))]
 _FORCE_CONTAIN = [False]
 _REVERSED = [0]  # 1 within reversed_thread_order()
+_Maps = dict[int, guard.GuardedMap]  # the guarded memory of a launch's array arguments, by argument index
 
 
 class LaunchError(RuntimeError):
@@ -76,6 +82,13 @@ class LaunchStopped(LaunchError):
     def __init__(self, message: str, timed_out: bool):
         super().__init__(message)
         self.timed_out = timed_out
+
+
+class OutOfBounds(LaunchStopped):
+    """A contained launch whose kernel read or wrote past the end (or before the start) of a device array."""
+
+    def __init__(self, message: str):
+        super().__init__(message, timed_out=False)
 
 
 # ============================================================================ the devices
@@ -213,7 +226,8 @@ def _allocate(shape: Any, dtype: Any, order: str = "C") -> ndarray:
     """Uninitialised device memory of the current device, in shared memory (a launch's child writes it)."""
     dt = np.dtype(dtype)
     nbytes = math.prod(np.atleast_1d(np.asarray(shape, dtype=np.int64)).tolist()) * dt.itemsize
-    out = np.ndarray(shape, dt, buffer=mmap.mmap(-1, max(int(nbytes), 1)), order=order).view(ndarray)
+    memory = guard.allocate(nbytes, f"shape {tuple(np.atleast_1d(shape).tolist())} {dt}, {nbytes} bytes")
+    out = np.ndarray(shape, dt, buffer=memory, offset=memory.start, order=order).view(ndarray)
     out._device_id = _CURRENT[0]
     return out
 
@@ -350,6 +364,7 @@ class Function:
             )
         staging = _Staging() if contain() else None
         packed = [_marshal(self.name, i, a, staging) for i, a in enumerate(args)]
+        maps = _argument_maps(args, staging)
         n = len(packed)
         ptrs = (ctypes.c_void_p * max(n, 1))(*[ctypes.addressof(buf) for buf, _, _ in packed])
         sizes = (ctypes.c_ulonglong * max(n, 1))(*[s for _, s, _ in packed])
@@ -366,9 +381,10 @@ class Function:
             )  # fmt: skip
             return rc, err.value
 
-        rc, message = launch() if staging is None else _contained_launch(self.name, lib, launch)
+        rc, message = launch() if staging is None else _contained_launch(self.name, lib, launch, maps)
         if rc:
             raise LaunchError(message.decode(errors="replace"))
+        _check_canaries(self.name, maps)
         if staging is not None:
             staging.copy_back()
 
@@ -425,9 +441,10 @@ _SIGNAL_MEANS = {
 }
 
 
-def _contained_launch(name: str, lib: ctypes.CDLL, launch: Any) -> tuple[int, bytes]:
+def _contained_launch(name: str, lib: ctypes.CDLL, launch: Any, maps: _Maps) -> tuple[int, bytes]:
     """`launch()` in a forked child: its (rc, message), or LaunchError naming the kernel when it crashed or
-    ran past the time limit."""
+    ran past the time limit (OutOfBounds when it touched a guard region of a device array; `maps` are the
+    arguments' memory by argument index)."""
     where = mmap.mmap(-1, 512)  # the child's fault handler writes the block, thread and address here
 
     def child() -> tuple[int, bytes]:
@@ -445,10 +462,58 @@ def _contained_launch(name: str, lib: ctypes.CDLL, launch: Any) -> tuple[int, by
         ) from None
     except contained.Crashed as e:
         at = where[:].split(b"\0", 1)[0].decode(errors="replace")
+        if e.signal_name == "SIGSEGV" and (bounds := _bounds_message(name, at, maps)):
+            raise OutOfBounds(bounds + (f"\n{e.output}" if e.output else "")) from None
         what = _SIGNAL_MEANS.get(e.signal_name, "")
         text = f"{name}: the kernel crashed: {e.signal_name or 'exited'}" + (f" ({what})" if what else "")
         text += f" in {at}" if at else ""
         raise LaunchStopped(text + (f"\n{e.output}" if e.output else ""), timed_out=False) from None
+
+
+_FAULT_AT = re.compile(r"^(?P<who>.*?), (?P<access>a read of |a write to )?address (?P<address>0x[0-9a-f]+)")
+
+
+def _bounds_message(name: str, at: str, maps: _Maps) -> str | None:
+    """The bounds error of a fault the handler reported as `at`, when its address is in a guard region."""
+    fault = _FAULT_AT.match(at)
+    found = guard.overrun(int(fault["address"], 16)) if fault else None
+    if fault is None or found is None:
+        return None
+    memory, where = found
+    owner = next((f"argument {i}" for i, m in maps.items() if m is memory), "a device array")
+    access = (fault["access"] or "an access to ").strip()
+    return (
+        f"{name}: out-of-bounds access: {fault['who']} made {access} address {fault['address']}, {where} of {owner} "
+        f"({memory.describe}, at 0x{memory.array_address:x})"
+    )
+
+
+def _argument_maps(args: Sequence[Any], staging: _Staging | None) -> _Maps:
+    """The guarded memory of each device-array argument (its staged copy's when staged), by argument index."""
+    maps: _Maps = {}
+    for i, a in enumerate(args):
+        if isinstance(a, ndarray):
+            memory = guard.map_of(a if is_shared(a) or staging is None else staging.root_copy(_root(a)))
+            if memory is not None:
+                maps[i] = memory
+    return maps
+
+
+def _check_canaries(name: str, maps: _Maps) -> None:
+    """OutOfBounds when the launch wrote between an argument array and its guard regions."""
+    for i, memory in maps.items():
+        if where := guard.dirty_canary(memory):
+            raise OutOfBounds(
+                f"{name}: out-of-bounds write into {where} of argument {i} ({memory.describe}; found after "
+                "the launch, so the block and thread are unknown)"
+            )
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array owning `a`'s memory (`a` itself, or the array it is a view of)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 class _Staging:
@@ -462,16 +527,19 @@ class _Staging:
         ptr = int(a.ctypes.data)
         if is_shared(a):
             return ptr
-        root = a
-        while isinstance(root.base, np.ndarray):
-            root = root.base
+        root = _root(a)
+        return int(self.root_copy(root).ctypes.data) + ptr - int(root.ctypes.data)
+
+    def root_copy(self, root: np.ndarray) -> np.ndarray:
+        """The shared copy of private array `root` (made on first use)."""
         for r, copy in self.copies:
             if r is root:
-                return int(copy.ctypes.data) + ptr - int(r.ctypes.data)
-        copy = np.ndarray(root.nbytes, np.uint8, buffer=mmap.mmap(-1, max(root.nbytes, 1)))
+                return copy
+        memory = guard.allocate(root.nbytes, f"shape {root.shape} {root.dtype}, {root.nbytes} bytes")
+        copy = np.ndarray(root.nbytes, np.uint8, buffer=memory, offset=memory.start)
         ctypes.memmove(copy.ctypes.data, root.ctypes.data, root.nbytes)
         self.copies.append((root, copy))
-        return int(copy.ctypes.data) + ptr - int(root.ctypes.data)
+        return copy
 
     def copy_back(self) -> None:
         for root, copy in self.copies:
