@@ -351,6 +351,13 @@ def suspects_matching(case: Case, got: np.ndarray, suspects: Sequence[Suspect]) 
 Launcher = Callable[[Any, Case], tuple[np.ndarray, np.ndarray]]
 
 
+def kernel_barrier_problems(kernel: Any) -> list[str]:
+    """The divergent barriers of a numba kernel's source (`barriers.kernel_barrier_problems`)."""
+    from .barriers import kernel_barrier_problems as problems
+
+    return problems(kernel)
+
+
 def race_verdict(kernel: Any, launch: Launcher, case: Case, got: np.ndarray) -> str | None:
     """The race message when `kernel` run again on `case` with its threads in the opposite order (warps, lanes
     and blocks reversed on the emulator; threads started last to first on the simulator) gives an output that
@@ -409,6 +416,18 @@ def run_check(ex: Exercise, kernel: Any, launch: Launcher, seed: int = 0) -> Che
             failed_at = number
             break
     head = _launch_text(ex, cases[failed_at - 1] if failed_at else cases[0])
+    divergent = kernel_barrier_problems(kernel) if ex.language == "numba" else []
+    if divergent and not problems:
+        message = "\n".join(
+            [
+                f"✗ {ex.name}: correct on all {n} cases here, but not a kernel a GPU can run safely",
+                *(f"  • {p}" for p in divergent),
+                f"  hint: {ex.hints[0]}",
+                f'  more hints: hint("{ex.name}")',
+            ]
+        )
+        return CheckResult(ex.name, False, message, got, cases[-1].expected, divergent, 0)
+    problems = [*divergent, *problems]
     notes: list[str] = []
     if not problems and ex.perf is not None:
         traced = cases[ex.perf_case]
