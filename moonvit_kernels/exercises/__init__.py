@@ -8,7 +8,9 @@ frames than two, …), compares the output with a float64 NumPy reference under 
 bound, and prints a verdict in plain words: which case failed and what it tests, which output rows and
 columns are wrong, NaN/Inf, elements never written, writes past the end, an out-of-bounds index,
 results that change when the threads run in the opposite order (a race), patterns that point at a bug (only block
-(0, 0) right, every wrong value off by one factor, shifted by one), and known bugs reproduced exactly.
+(0, 0) right, every wrong value off by one factor, shifted by one), and known bugs reproduced exactly. A numba
+kernel's source is read for a barrier under a thread-dependent condition (`barriers`), which fails the check
+even when every case passes.
 Exercises that teach a performance idea also trace the kernel's memory accesses (`xray.trace`) and
 fail a correct kernel that is slow, saying which access costs what and why (model, no GPU).
 
