@@ -49,6 +49,25 @@ class _DeviceModule:
         return getattr(np, name)
 
 
+def _device_backends(k, device, seed):
+    """(pixels, grid, the host-path bf16 forward's outputs, a CupyBackend whose kernels see `device` as their
+    array module) on the tiny config."""
+    import types
+
+    from cuda_kernel_checks import random_pixels, random_weights
+
+    from moonvit_kernels.cuda_backend.backend import CupyBackend
+
+    config = VisionConfig.tiny()
+    grid = np.array([[1, 2, 6], [1, 4, 2]])
+    weights = random_weights(config, 3)
+    pixels = random_pixels(grid, config.patch_size, seed=seed)
+    want = CupyBackend(config, weights, dtype="bfloat16", kernels=k).forward(pixels, grid, as_numpy=True)
+    kernels = types.SimpleNamespace(**{n: getattr(k, n) for n in dir(k) if not n.startswith("__")})
+    kernels.array_module = lambda: device
+    return pixels, grid, want, CupyBackend(config, weights, dtype="bfloat16", kernels=kernels)
+
+
 class _UploadingDeviceModule(_DeviceModule):
     """`_DeviceModule` whose arrays are their own type, so host (NumPy) arrays are not device arrays: the
     backend must upload them. Counts the uploads of pixel-shaped (4-D) arrays."""
@@ -70,23 +89,10 @@ def test_backend_uploads_host_pixels_and_checks_them_on_the_device(k, monkeypatc
     """Host pixel_values go to the device as given (float64 too), where they are checked and rounded: the
     host-side validate_inputs is not called, the result equals the host path's bit for bit, and bad pixels
     (NaN, integers, a ragged list) still get their messages."""
-    import types
-
-    from cuda_kernel_checks import random_pixels, random_weights
-
     from moonvit_kernels import reference
-    from moonvit_kernels.cuda_backend.backend import CupyBackend
-
-    config = VisionConfig.tiny()
-    grid = np.array([[1, 2, 6], [1, 4, 2]])
-    weights = random_weights(config, 3)
-    pixels = random_pixels(grid, config.patch_size, seed=5)
-    want = CupyBackend(config, weights, dtype="bfloat16", kernels=k).forward(pixels, grid, as_numpy=True)
 
     device = _UploadingDeviceModule()
-    kernels = types.SimpleNamespace(**{n: getattr(k, n) for n in dir(k) if not n.startswith("__")})
-    kernels.array_module = lambda: device
-    backend = CupyBackend(config, weights, dtype="bfloat16", kernels=kernels)
+    pixels, grid, want, backend = _device_backends(k, device, seed=5)
     monkeypatch.setattr(reference, "validate_inputs", lambda *a, **kw: pytest.fail("host pixels validated on the host"))
     got = backend.forward(pixels.astype(np.float64), grid, as_numpy=True)
     assert (device.pixel_uploads, device.isfinite_calls) == (1, 1)
@@ -106,23 +112,10 @@ def test_backend_uploads_host_pixels_and_checks_them_on_the_device(k, monkeypatc
 def test_backend_validates_device_pixels_on_the_device(k, monkeypatch):
     """Device pixel_values are checked on the device (shape, dtype, NaN with its patch, fp32 overflow),
     never through the host-side `reference.validate_inputs`, and give the host path's result bit for bit."""
-    import types
-
-    from cuda_kernel_checks import random_pixels, random_weights
-
     from moonvit_kernels import reference
-    from moonvit_kernels.cuda_backend.backend import CupyBackend
-
-    config = VisionConfig.tiny()
-    grid = np.array([[1, 2, 6], [1, 4, 2]])
-    weights = random_weights(config, 3)
-    pixels = random_pixels(grid, config.patch_size, seed=4)
-    want = CupyBackend(config, weights, dtype="bfloat16", kernels=k).forward(pixels, grid, as_numpy=True)
 
     device = _DeviceModule()
-    kernels = types.SimpleNamespace(**{n: getattr(k, n) for n in dir(k) if not n.startswith("__")})
-    kernels.array_module = lambda: device
-    backend = CupyBackend(config, weights, dtype="bfloat16", kernels=kernels)
+    pixels, grid, want, backend = _device_backends(k, device, seed=4)
 
     def host_validation(*args, **kwargs):
         raise AssertionError("device pixel_values went through the host-side validate_inputs")
@@ -145,6 +138,6 @@ def test_backend_validates_device_pixels_on_the_device(k, monkeypatch):
         backend.forward(pixels[:19], grid)
     with pytest.raises(ValueError, match=r"not floating point"):
         backend.forward(pixels.astype(np.int32), grid)
-    p = config.patch_size
+    p = VisionConfig.tiny().patch_size
     with pytest.raises(ValueError, match=rf"shape \(20, 3, {p}\) is not \[L, 3, {p}, {p}\]"):
         backend.forward(pixels[..., 0], grid)

@@ -239,11 +239,11 @@ class CupyBackend:
         if hasattr(grid_thws, "get") and not isinstance(grid_thws, np.ndarray):
             grid_thws = grid_thws.get()
         batch = packing.as_batch(grid_thws, cfg)
-        if xp is not np and not isinstance(pixel_values, xp.ndarray):
-            # host pixels travel as they are; the finiteness check and the bf16 rounding run on the device (done
-            # on the host, they took ~10 ms of a 37 ms forward of 8 packed 448² images on an H200)
-            pixel_values = xp.asarray(reference.as_array("pixel_values", pixel_values))
         if xp is not np:
+            if not isinstance(pixel_values, xp.ndarray):
+                # host pixels travel as they are; the finiteness check and the bf16 rounding run on the device
+                # (done on the host, they took ~10 ms of a 37 ms forward of 8 packed 448² images on an H200)
+                pixel_values = xp.asarray(reference.as_array("pixel_values", pixel_values))
             pv = reference.check_pixels(pixel_values, batch.grid, cfg, xp)
         else:
             pv, _ = reference.validate_inputs(pixel_values, batch, cfg)

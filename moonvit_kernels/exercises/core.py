@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..config import FP32_EPS
+from .barriers import kernel_barrier_problems
 
 # Every output element starts as this value (float) or INT_SENTINEL (int32): what still holds it was
 # never written.
@@ -349,13 +350,6 @@ def suspects_matching(case: Case, got: np.ndarray, suspects: Sequence[Suspect]) 
 
 # ============================================================================ the run
 Launcher = Callable[[Any, Case], tuple[np.ndarray, np.ndarray]]
-
-
-def kernel_barrier_problems(kernel: Any) -> list[str]:
-    """The divergent barriers of a numba kernel's source (`barriers.kernel_barrier_problems`)."""
-    from .barriers import kernel_barrier_problems as problems
-
-    return problems(kernel)
 
 
 def race_verdict(kernel: Any, launch: Launcher, case: Case, got: np.ndarray) -> str | None:

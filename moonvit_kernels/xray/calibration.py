@@ -92,16 +92,13 @@ def read_kernel_rows(results_csv: str | Path) -> list[dict[str, str]]:
 
 
 def _score(item: str, row) -> int:
-    """How many of the item's words pick out this X-ray row (version, dtype, tile width, epilogue)."""
+    """How many of the item's words pick out this X-ray row among those `match_row` left (version, dtype, tile
+    width, epilogue; Hopper or not is already equal)."""
     label = row.kernel.lower()
     version = row.version.lower()
     score = 0
     if m := re.search(r"\bv(\d)\b", item):
         score += 3 * (version == f"v{m[1]}")
-    if "sm90" in item or "hopper" in item:
-        score += 3 * ("sm90" in version)
-    else:
-        score -= 3 * ("sm90" in version)
     if "bf16" in item or "bfloat16" in item:
         score += 2 * ("bf16" in version or "bf16" in label)
     if "fp32" in item or "float32" in item:
