@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/bench_cupy.py [--tokens 1024 4096] [--repeats 20] [--out DIR] [--skip-tower]
 
-A thin wrapper over `moonvit_kernels.gpu_check` (sections b and c, backends cuda and hopper), which holds
+A thin wrapper over `moonvit_kernels.tools.gpu_check` (sections b and c, backends cuda and hopper), which holds
 the timing (CUDA events, warm-up, median and p10..p90), the baselines measured in the same run
 (cuBLAS bf16 through torch or fp16 through CuPy, cuBLAS fp32 through CuPy, torch SDPA, a
 device-to-device copy), the re-checks of every timed output against NumPy, and the report
@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from moonvit_kernels.gpu_check import main as gpu_check
+from moonvit_kernels.tools.gpu_check import main as gpu_check
 
 
 def main(argv: list[str] | None = None) -> int:

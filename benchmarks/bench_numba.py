@@ -3,13 +3,13 @@
     PYTHONPATH=. python benchmarks/bench_numba.py [--tokens 1024] [--repeats 10] [--out DIR] [--skip-tower]
     PYTHONPATH=. python benchmarks/bench_numba.py --simulate     # a smoke run under the CUDA simulator
 
-A thin wrapper over `moonvit_kernels.gpu_check` (sections b and c, numba kernels only): every GEMM
+A thin wrapper over `moonvit_kernels.tools.gpu_check` (sections b and c, numba kernels only): every GEMM
 version (v1 naive, v2 shared tiles, v3 register blocking) at the encoder's shapes vs cuBLAS fp32,
 attention v1/v2 vs torch SDPA, the memory-bound kernels vs a device-to-device copy, timed with
 CUDA events (median and p10..p90 after warm-up), TFLOP/s or GB/s with the formula, every timed
 output re-checked against NumPy; the tower checked against the NumPy reference and timed per stage.
 Without a GPU it says so in one line (status 2); what can be known without one is the compile
-tier: `python -m moonvit_kernels.numba_backend.compile_check`. Simulator times say nothing about a GPU.
+tier: `python -m moonvit_kernels.tools.compile_check`. Simulator times say nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from moonvit_kernels.gpu_check import main as gpu_check
+from moonvit_kernels.tools.gpu_check import main as gpu_check
 
 
 def main(argv: list[str] | None = None) -> int:

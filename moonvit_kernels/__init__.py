@@ -5,7 +5,7 @@ stage, `weights` reads and writes checkpoints in the real tensor names; `load_ch
 checkpoint folder or fetches the vision tensors of an `hf://` / `http(s)://` one (`checkpoints`).
 
 The names below are imported on first use (PEP 562), so importing a submodule such as
-`moonvit_kernels.gpu_check` needs nothing beyond the standard library until it asks for more: a missing
+`moonvit_kernels.tools.gpu_check` needs nothing beyond the standard library until it asks for more: a missing
 dependency then reaches gpu_check's own error report instead of ending the command before it starts.
 """
 

@@ -1,5 +1,5 @@
 """Private folders for what this package builds and then loads: cubins (`compile_cache`), the emulator's shared
-libraries (`cuda_backend/emulation/build.py`) and the unpacked NVVM (`numba_backend/nvvm.py`).
+libraries (`tools/emulation/build.py`) and the unpacked NVVM (`numba_backend/nvvm.py`).
 
 Code loaded from a folder another user can write, swap or name runs as this user. So every cache lives under one
 per-user root, `$XDG_CACHE_HOME/moonvit_kernels` (else `~/.cache/moonvit_kernels`), or where no cache home is

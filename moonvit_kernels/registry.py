@@ -166,7 +166,7 @@ class PerHeadDim:
 # the target tier, what a driver-580 machine has; 13.5: the main venv). The compile tiers check the toolchain they
 # have: it must be one of these, no kernel may use more than its number, and none may sit more than
 # REGISTER_SPREAD below it (a placeholder). Regenerate with
-#     MOONVIT_NUMBA_COMPILER=numba-cuda-mlir python -m moonvit_kernels.numba_backend.compile_check --json --arch sm_80
+#     MOONVIT_NUMBA_COMPILER=numba-cuda-mlir python -m moonvit_kernels.tools.compile_check --json --arch sm_80
 #     (and sm_89, sm_90; `--compiler each` builds with every installed compiler)
 # The compile tier fails when a compiler reports more than its number or a compiled kernel lacks one; a number
 # is raised only with the reason written beside it. numba-cuda-mlir 0.6 (first table) is above numba-cuda for
@@ -180,7 +180,7 @@ REGISTER_NVJITLINKS = ("13.0", "13.5")
 # on 2026-12-04 and equal the max of those 6 builds for every kernel; CI measures them again (main venv: 13.5,
 # sm_90; target tier: 13.0, sm_80 and sm_90). numba-cuda-mlir's come from its 0.6 builds, and CI cannot re-measure
 # them (the GPU image has no numba-cuda-mlir): `pip install -e ".[compile,mlir]"` then
-# `python -m moonvit_kernels.numba_backend.compile_check --compiler each --arch ARCH` for each of REGISTER_ARCHES.
+# `python -m moonvit_kernels.tools.compile_check --compiler each --arch ARCH` for each of REGISTER_ARCHES.
 REGISTERS_MEASURED_WITH = {
     NC: "numba-cuda 0.30 with nvJitLink 13.0 and 13.5 on sm_80, sm_89, sm_90 (checked in CI)",
     MLIR: "numba-cuda-mlir 0.6 with nvJitLink 13.0 and 13.5 on sm_80, sm_89, sm_90 (not measurable in CI)",

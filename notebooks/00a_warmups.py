@@ -44,7 +44,7 @@ import numpy as np
 from numba import cuda, float32
 
 from moonvit_kernels.plots import plot_launch_map
-from moonvit_kernels.xray import counters
+from moonvit_kernels.tools.xray import counters
 
 print(f"kernels run on: {where()}")
 

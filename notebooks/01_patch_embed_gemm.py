@@ -370,7 +370,7 @@ error_heatmap(buggy, want, bound=bound2, title="grid sized N // 16, M // 16 (flo
 # The CuPy backend (`moonvit_kernels/cuda_backend/`) carries two more GEMMs, written in CUDA C: the fp32 SIMT
 # one below, and the bf16 tensor-core one in notebook 04 (its operands are spread over a warp's lanes, which
 # is easier to follow after the warp shuffles of notebook 02). On a GPU
-# they run through CuPy; on a laptop the **CPU emulator** (`cuda_backend.emulation`) compiles the same
+# they run through CuPy; on a laptop the **CPU emulator** (`tools.emulation`) compiles the same
 # `.cu` text with g++ against stand-ins for the CUDA built-ins and PTX instructions (every CUDA thread a
 # fiber, all of a block's fibers taking turns on one OS thread), so every index, fragment layout and pipeline wait below runs and is checked here.
 #
@@ -397,7 +397,7 @@ print(region(KERNEL_DIR / "gemm_fp32.cu", "kernel"))
 # everywhere), checked against NumPy under the fp32 bound.
 
 # %%
-from moonvit_kernels.cuda_backend import emulation
+from moonvit_kernels.tools import emulation
 
 m_e, n_e, k_e = 37, 21, 40
 a_e = rng.standard_normal((m_e, k_e)).astype(np.float32)

@@ -120,9 +120,9 @@ print(inspect.getsource(rmsnorm_module.kernel_for))
 # floats per access (`float4`) when `D % 4 == 0`:
 
 # %%
-from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
 from moonvit_kernels.source_regions import region
+from moonvit_kernels.tools import emulation
 
 print(region(KERNEL_DIR / "common.cuh", "reductions"))
 print((KERNEL_DIR / "rmsnorm.cu").read_text(encoding="utf-8"))

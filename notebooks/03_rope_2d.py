@@ -155,7 +155,7 @@ print(inspect.getsource(rope_module.rope2d_kernel.py_func))
 # of this kernel, one thread per quad with 4-byte loads 16 bytes apart, needed 16 sectors for every 4.
 
 # %%
-from moonvit_kernels.xray import jobs_numba
+from moonvit_kernels.tools.xray import jobs_numba
 
 if simulator_enabled():
     (rope_job,) = [j for j in jobs_numba.jobs() if j.name == "rope"]
@@ -219,8 +219,8 @@ print("frame 0 and frame 1 rotated identically")
 # the CPU emulator against the same reference:
 
 # %%
-from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
+from moonvit_kernels.tools import emulation
 
 print((KERNEL_DIR / "rope.cu").read_text(encoding="utf-8"))
 if emulation.compiler() is None:

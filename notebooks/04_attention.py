@@ -314,8 +314,8 @@ print(region(KERNEL_DIR / "gemm_bf16.cu", "kernel"))
 # %%
 from IPython.display import Markdown, display
 
-from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.plots import markdown_table
+from moonvit_kernels.tools import emulation
 from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
 
 gemm_rng = np.random.default_rng(11)
@@ -362,9 +362,9 @@ else:
 # emulator's instantiations):
 
 # %%
-from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
 from moonvit_kernels.source_regions import region
+from moonvit_kernels.tools import emulation
 
 for name in ("attn_layout", "attn_bf16_online_softmax", "attn_bf16_pv"):
     print(f"// ---- attention.cu, region {name}")

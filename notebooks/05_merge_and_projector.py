@@ -172,8 +172,8 @@ merged = got
 # time. Run on the CPU emulator against the same reference:
 
 # %%
-from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
+from moonvit_kernels.tools import emulation
 
 print((KERNEL_DIR / "merge.cu").read_text(encoding="utf-8"))
 if emulation.compiler() is None:

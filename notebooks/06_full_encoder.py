@@ -138,8 +138,8 @@ print(f"position embedding kernel: max error {np.abs(got - want).max():.1e}")
 # run here on the CPU emulator (g++) and checked the same way:
 
 # %%
-from moonvit_kernels.cuda_backend import emulation
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
+from moonvit_kernels.tools import emulation
 
 src = (KERNEL_DIR / "pos_emb.cu").read_text(encoding="utf-8")
 print(src)

@@ -36,7 +36,7 @@
 # three architectures is one command:
 #
 # ```
-# python -m moonvit_kernels.xray --arch sm_80,sm_89,sm_90 --out xray_report
+# python -m moonvit_kernels.tools.xray --arch sm_80,sm_89,sm_90 --out xray_report
 # ```
 #
 # This notebook reads each view on the two ladders of the workbook: the GEMM versions (notebook 01)
@@ -59,7 +59,7 @@ from IPython.display import Image, Markdown, display
 from numba import cuda, float32
 
 from moonvit_kernels.plots import markdown_table
-from moonvit_kernels.xray import (
+from moonvit_kernels.tools.xray import (
     arch,
     build,
     calibration,
@@ -140,7 +140,7 @@ display(
 # that — and a block launches only if its warps fit (`moonvit_kernels.launch_rules`, checked against
 # the CUDA occupancy calculator's own header). At 80 registers a warp takes 2,560: 6 per
 # sub-partition, 24 per SM, so at most 768 threads — not the 800 that 80 × 800 ≤ 65,536 suggests.
-# The limits live in one table, `moonvit_kernels.xray.arch`, with their source.
+# The limits live in one table, `moonvit_kernels.tools.xray.arch`, with their source.
 # GEMM v3 launches 256 threads; with ~96 registers a warp needs 3,072 registers, 5 fit in a
 # sub-partition, 20 per SM, i.e. 2 blocks: **register-limited** at 25 % occupancy — fine for a
 # kernel that keeps a 4×4 tile of accumulators in registers, but worth knowing. The CUDA C flash attention (bf16) is the
@@ -162,8 +162,8 @@ for label, threads, dynamic in launches:
 # The CUDA C flash attention (bf16, hd 128), compiled with NVRTC for sm_90: registers from its cubin,
 # dynamic shared memory from the launcher's catalogue.
 from moonvit_kernels import registry
-from moonvit_kernels.cuda_backend import nvrtc_check
-from moonvit_kernels.xray.cubin import kernel_resources
+from moonvit_kernels.tools import nvrtc_check
+from moonvit_kernels.tools.xray.cubin import kernel_resources
 
 (spec,) = [s for s in registry.kernel_specs((128,)) if s.label == "flash_attn_bf16_hd128"]
 cubin, _ = nvrtc_check.build_cubin(spec, "sm_90")
@@ -469,7 +469,7 @@ print(f"roofline.bound agrees: {model.seconds * 1e6:.1f} µs, bound by {model.li
 
 # %%
 from moonvit_kernels.plots.prediction import measured_reports
-from moonvit_kernels.xray import calibration
+from moonvit_kernels.tools.xray import calibration
 
 bound_rate = info.flops / model.seconds / 1e12
 for path in measured_reports():

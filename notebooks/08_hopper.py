@@ -61,19 +61,19 @@ from IPython.display import Markdown, display
 
 from moonvit_kernels import reference
 from moonvit_kernels.cuda_backend import tensor_maps
-from moonvit_kernels.cuda_backend.emulation import compiler
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
 from moonvit_kernels.plots import markdown_table
 from moonvit_kernels.plots.hopper import plot_swizzle, swizzle_layout
 from moonvit_kernels.source_regions import region
+from moonvit_kernels.tools.emulation import compiler
 from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
 
 t_start = time.perf_counter()
 rng = np.random.default_rng(8)
 HAVE_CXX = compiler() is not None
 if HAVE_CXX:
-    from moonvit_kernels.cuda_backend import emulation
-    from moonvit_kernels.cuda_backend.emulation import hopper
+    from moonvit_kernels.tools import emulation
+    from moonvit_kernels.tools.emulation import hopper
 
     t0 = time.perf_counter()
     hopper.library()  # built once per source version (about 15 s on 2 cores), then cached
@@ -240,7 +240,7 @@ fig
 # notebook 07 (`xray.counters`: 8 lanes reading 16 bytes each form one phase of a request):
 
 # %%
-from moonvit_kernels.xray import counters
+from moonvit_kernels.tools.xray import counters
 
 rows = []
 for j in (0, 3):
@@ -511,10 +511,11 @@ else:
 # binaries, not speeds.
 
 # %%
-from moonvit_kernels.cuda_backend import hopper_launchers, nvrtc_check
+from moonvit_kernels.cuda_backend import hopper_launchers
 from moonvit_kernels.cuda_backend import sources as kcuda
-from moonvit_kernels.xray import occupancy, sass
-from moonvit_kernels.xray.cubin import kernel_resources
+from moonvit_kernels.tools import nvrtc_check
+from moonvit_kernels.tools.xray import occupancy, sass
+from moonvit_kernels.tools.xray.cubin import kernel_resources
 
 # (label, file, kernel name, arch, threads, dynamic shared memory)
 builds = [
@@ -603,7 +604,7 @@ elif cubins:
 # - **BAR → SYNCS**: `__syncthreads` gives way to mbarrier operations (`SYNCS.ARRIVE…`,
 #   `SYNCS.PHASECHK` for the waits), and `WARPGROUP.ARRIVE` / `WARPGROUP.DEPBAR` are wgmma's fence and
 #   `wait_group`; `USETMAXREG` is setmaxnreg.
-# - The full X-ray report (`python -m moonvit_kernels.xray --arch sm_90`, notebook 07) lists these
+# - The full X-ray report (`python -m moonvit_kernels.tools.xray --arch sm_90`, notebook 07) lists these
 #   kernels too, as `gemm_bf16_sm90_bn128_f32_none` and friends, with a Hopper-vs-Ampere opcode count.
 # - The hot loop issues far more multiply-adds per instruction. That is a property of the binary, not a
 #   speed: whether the tensor cores are kept busy depends on the copy engine, the barriers and the

@@ -55,7 +55,7 @@ from moonvit_kernels.numba_backend._cuda import cuda
 from moonvit_kernels.numba_backend.registers import KERNEL_REGISTERS
 from moonvit_kernels.plots import markdown_table
 from moonvit_kernels.source_regions import region
-from moonvit_kernels.xray import build, sass
+from moonvit_kernels.tools.xray import build, sass
 
 t_start = time.perf_counter()
 work = Path(tempfile.mkdtemp(prefix="two_compilers_"))

@@ -16,8 +16,8 @@ import pytest
 
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.cuda_backend import sources as kcuda
-from moonvit_kernels.numba_backend.compile_check import KernelReport, format_table, register_table_problems
-from moonvit_kernels.xray.sass import nvdisasm_path
+from moonvit_kernels.tools.compile_check import KernelReport, format_table, register_table_problems
+from moonvit_kernels.tools.xray.sass import nvdisasm_path
 
 # the configs' head dims, one more, and the largest supported (the register file is full there: no spills allowed)
 HEAD_DIMS = tuple(sorted({VisionConfig.k3().head_dim, VisionConfig.tiny().head_dim, 64, kcuda.MAX_HEAD_DIM}))
@@ -33,7 +33,7 @@ def numba_reports(module: str) -> list[KernelReport]:
     """Every kernel of `numba_backend.<module>` with every installed compiler, for sm_90; with the SASS budgets
     where nvdisasm is installed."""
     sass = ["--sass"] if nvdisasm_path() else []
-    args = ["-m", "moonvit_kernels.numba_backend.compile_check", "--json", "--module", module, *sass]
+    args = ["-m", "moonvit_kernels.tools.compile_check", "--json", "--module", module, *sass]
     r = run_without_simulator(args, timeout=300)
     try:
         data = json.loads(r.stdout)
@@ -67,7 +67,7 @@ def assert_numba_stage_compiles(stage: str) -> list[KernelReport]:
 def cuda_archs(stage: str) -> list[str]:
     """The architectures the compile tier builds some CUDA C instantiation of `stage` for."""
     from moonvit_kernels import registry
-    from moonvit_kernels.cuda_backend.nvrtc_check import ARCHS
+    from moonvit_kernels.tools.nvrtc_check import ARCHS
 
     specs = [e.spec for e in registry.entries(HEAD_DIMS, "cuda") if e.stage == stage]
     return [arch for arch in ARCHS if any(s.builds_for(arch) for s in specs)]
@@ -78,7 +78,7 @@ def assert_cuda_stage_builds(stage: str, arch: str) -> None:
     warnings as errors): no spills, stack only where allowed, registers and shared memory within the bounds."""
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
     from moonvit_kernels import registry
-    from moonvit_kernels.cuda_backend import nvrtc_check
+    from moonvit_kernels.tools import nvrtc_check
 
     reports = nvrtc_check.run_checks([arch], HEAD_DIMS, workers=1, stages=(stage,))
     expected = [e.spec for e in registry.entries(HEAD_DIMS, "cuda") if e.stage == stage and e.spec.builds_for(arch)]

@@ -21,7 +21,7 @@ if os.environ.get("MOONVIT_STAND_IN") == "planted":
     from moonvit_kernels.cuda_backend import sources
 
     sources.KERNEL_DIR = Path(os.environ["MOONVIT_PLANTED_KERNEL_DIR"])
-    from moonvit_kernels.cuda_backend.emulation.hopper import array_module, attention, gemm  # noqa: F401
+    from moonvit_kernels.tools.emulation.hopper import array_module, attention, gemm  # noqa: F401
 else:
 
     def array_module():

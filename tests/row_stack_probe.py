@@ -29,7 +29,7 @@ except AttributeError as e:
 for name in [m for m in sys.modules if m.startswith("numba.cuda.np.arrayobj")]:
     del sys.modules[name]
 from moonvit_kernels.numba_backend._cuda import COMPILER, cuda, float32  # noqa: E402
-from moonvit_kernels.numba_backend.compile_check import check_kernel  # noqa: E402
+from moonvit_kernels.tools.compile_check import check_kernel  # noqa: E402
 
 
 def twice(out, x):

@@ -1,4 +1,4 @@
-"""flash_attn_bf16's output stores, traced on the CPU emulator (moonvit_kernels.xray.emulator_trace).
+"""flash_attn_bf16's output stores, traced on the CPU emulator (moonvit_kernels.tools.xray.emulator_trace).
 
 The kernel's accumulator fragment holds 4-byte bf16 pairs; it stages the normalised O tile through shared
 memory (the Q tile's space) and writes whole 16-byte chunks of rows, so each warp store request on `out`
@@ -13,8 +13,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_flash_attn_bf16_writes_whole_rows_of_out():
-    from moonvit_kernels.cuda_backend.emulation import compiler
-    from moonvit_kernels.xray import emulator_trace, trace
+    from moonvit_kernels.tools.emulation import compiler
+    from moonvit_kernels.tools.xray import emulator_trace, trace
 
     if compiler() is None:
         pytest.skip("no C++ compiler for the emulator")

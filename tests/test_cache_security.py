@@ -142,7 +142,7 @@ def test_a_squatted_root_is_refused_by_every_cache(attacker, shared, tmp_path):
         compile_cache.store(compile_cache.key("t", ["y"]), {}, b"mine")
     assert sorted(p.name for p in (root / "compile").iterdir()) == [name]
 
-    from moonvit_kernels.cuda_backend.emulation import build
+    from moonvit_kernels.tools.emulation import build
 
     with pytest.raises(private_dirs.UnsafeFolder, match=theirs) as e:
         build.build_library(TINY, "unit.cpp", standins=STANDINS, tag="squat")
@@ -164,7 +164,7 @@ def test_a_root_that_is_a_link_is_refused_even_to_the_victims_own_folder(attacke
     attacker.run(f"ln -s '{own_private_folder(tmp_path)}' '{root}'")
     with pytest.raises(private_dirs.UnsafeFolder, match=f"{re.escape(str(root))} is a symbolic link"):
         private_dirs.root()
-    from moonvit_kernels.cuda_backend.emulation import build
+    from moonvit_kernels.tools.emulation import build
 
     with pytest.raises(private_dirs.UnsafeFolder, match="symbolic link"):
         build.build_library(TINY, "unit.cpp", standins=STANDINS, tag="link")
@@ -203,7 +203,7 @@ def test_flipping_a_link_never_serves_the_attackers_cubin(attacker, shared, tmp_
 def test_flipping_a_link_never_loads_the_attackers_library(attacker, shared, tmp_path):
     """The attacker's library (a constructor that leaves a mark) sits where the victim's would, with a matching
     digest beside it; the root flips between the victim's own folder and the attacker's."""
-    from moonvit_kernels.cuda_backend.emulation import build
+    from moonvit_kernels.tools.emulation import build
 
     if build.compiler() is None:
         pytest.skip("no C++ compiler")
@@ -223,7 +223,7 @@ def test_flipping_a_link_never_loads_the_attackers_library(attacker, shared, tmp
     shutil.rmtree(victim_root(shared))
     marker = tmp_path / "constructor ran"
     code = (
-        "from moonvit_kernels import private_dirs\nfrom moonvit_kernels.cuda_backend.emulation import build\n"
+        "from moonvit_kernels import private_dirs\nfrom moonvit_kernels.tools.emulation import build\n"
         f"files, answers = {TINY!r}, set()\n"
         "for _ in range(300):\n"
         "    try:\n"
@@ -246,12 +246,12 @@ def test_flipping_a_link_never_loads_the_attackers_library(attacker, shared, tmp
 
 def test_a_truncated_library_is_rebuilt_not_loaded(tmp_path):
     """Finding 8: dlopen of a truncated cached library is a Bus error; the digest check rebuilds it instead."""
-    from moonvit_kernels.cuda_backend.emulation import build
+    from moonvit_kernels.tools.emulation import build
 
     if build.compiler() is None:
         pytest.skip("no C++ compiler")
     code = (
-        "import os, sys\nfrom moonvit_kernels.cuda_backend.emulation import build\n"
+        "import os, sys\nfrom moonvit_kernels.tools.emulation import build\n"
         f"lib = build.build_library({TINY!r}, 'unit.cpp', standins={STANDINS!r}, tag='truncated')\n"
         "if sys.argv[1] == 'cut':\n    os.truncate(lib, 1000)\n"
         "else:\n    print(build.load(lib).answer())\n"

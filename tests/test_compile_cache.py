@@ -7,7 +7,7 @@ import re
 import pytest
 
 from moonvit_kernels import compile_cache, registry
-from moonvit_kernels.numba_backend import compile_check
+from moonvit_kernels.tools import compile_check
 
 real_uid = os.getuid() if hasattr(os, "getuid") else 0
 
@@ -38,7 +38,7 @@ def test_entries_round_trip_and_a_damaged_one_is_a_miss(cache, monkeypatch):
 
 def test_nvrtc_compiles_once_per_text_names_arch_and_options(cache, monkeypatch):
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
-    from moonvit_kernels.cuda_backend import nvrtc_check
+    from moonvit_kernels.tools import nvrtc_check
 
     real = nvrtc_check._compile_text
     calls = []
@@ -103,7 +103,7 @@ def test_a_folder_others_can_write_or_own_is_never_read(cache, monkeypatch):
 
 def test_the_emulator_refuses_a_library_folder_others_can_write(tmp_path, monkeypatch):
     from moonvit_kernels import private_dirs
-    from moonvit_kernels.cuda_backend.emulation import build
+    from moonvit_kernels.tools.emulation import build
 
     if build.compiler() is None:
         pytest.skip("no C++ compiler")

@@ -18,13 +18,13 @@ from compile_tier import run_without_simulator
 
 from moonvit_kernels import registry
 from moonvit_kernels.numba_backend import gemm
-from moonvit_kernels.numba_backend.compile_check import (
+from moonvit_kernels.tools.compile_check import (
     KernelReport,
     format_table,
     parse_ptxas_log,
     register_table_problems,
 )
-from moonvit_kernels.xray.sass import nvdisasm_path
+from moonvit_kernels.tools.xray.sass import nvdisasm_path
 
 pytestmark = pytest.mark.compile
 
@@ -35,7 +35,7 @@ def reports() -> list[KernelReport]:
     with the SASS budgets where nvdisasm is installed; each stage's kernels are built by its stage file
     (tests/stages/test_<stage>.py, class TestCompile, through tests/compile_tier.py)."""
     sass = ["--sass"] if nvdisasm_path() else []
-    args = ["-m", "moonvit_kernels.numba_backend.compile_check", "--json", "--module", "input_check", *sass]
+    args = ["-m", "moonvit_kernels.tools.compile_check", "--json", "--module", "input_check", *sass]
     r = run_without_simulator(args, timeout=300)
     try:
         data = json.loads(r.stdout)
@@ -57,7 +57,7 @@ def test_checker_reports_compile_errors_and_register_overflow():
         """
         import json
         from moonvit_kernels.numba_backend._cuda import cuda, float32
-        from moonvit_kernels.numba_backend.compile_check import check_kernel
+        from moonvit_kernels.tools.compile_check import check_kernel
 
         def bad_types(out):
             out[0] = (1.0, 2.0)  # a tuple cannot be stored in a float32 array
@@ -104,7 +104,7 @@ def test_parse_ptxas_log_reads_spills_registers_and_shared_memory():
 
 def test_cubin_dir_writes_one_sm90_binary_per_specialisation(tmp_path):
     r = run_without_simulator(
-        ["-m", "moonvit_kernels.numba_backend.compile_check", "--module", "gemm", "--cubin-dir", str(tmp_path)],
+        ["-m", "moonvit_kernels.tools.compile_check", "--module", "gemm", "--cubin-dir", str(tmp_path)],
         timeout=170,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -125,7 +125,7 @@ def test_build_cubins_api_and_arch_option(tmp_path):
     script = textwrap.dedent(
         """
         import json
-        from moonvit_kernels.numba_backend.compile_check import build_cubins
+        from moonvit_kernels.tools.compile_check import build_cubins
         out = {}
         for cc in ((8, 0), (9, 0)):
             out[str(cc)] = [(label, len(cubin), cubin[:4].hex(), report.registers, report.ok)
@@ -140,14 +140,14 @@ def test_build_cubins_api_and_arch_option(tmp_path):
         [(label, size, magic, registers, ok)] = got[cc]
         assert label == "rope2d_kernel" and size > 1000 and magic == "7f454c46" and registers > 0 and ok
     simulated = subprocess.run(
-        [sys.executable, "-c", "from moonvit_kernels.numba_backend.compile_check import build_cubins; build_cubins()"],
+        [sys.executable, "-c", "from moonvit_kernels.tools.compile_check import build_cubins; build_cubins()"],
         capture_output=True,
         text=True,
         env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
         timeout=120,
     )
     assert simulated.returncode != 0 and "simulator off" in simulated.stderr
-    bad = run_without_simulator(["-m", "moonvit_kernels.numba_backend.compile_check", "--arch", "sm_75"], timeout=60)
+    bad = run_without_simulator(["-m", "moonvit_kernels.tools.compile_check", "--arch", "sm_75"], timeout=60)
     assert bad.returncode == 2 and "sm_75" in bad.stderr
 
 
@@ -187,7 +187,7 @@ def test_sass_budgets_and_register_table_can_fail():
 def test_the_register_numbers_were_measured_with_this_toolchain():
     """The compile tier checks the toolchain it has: the registry's numbers name the nvJitLinks they were measured
     with (registry.REGISTERS_MEASURED_WITH), and this environment's must be one of them."""
-    from moonvit_kernels.numba_backend.compile_check import toolchain_problem
+    from moonvit_kernels.tools.compile_check import toolchain_problem
 
     problem = toolchain_problem()
     if problem == "nvJitLink is not installed":

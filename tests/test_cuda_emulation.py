@@ -1,4 +1,4 @@
-"""CupyBackend as a whole on the CPU emulator (moonvit_kernels/cuda_backend/emulation) vs the reference.
+"""CupyBackend as a whole on the CPU emulator (moonvit_kernels/tools/emulation) vs the reference.
 
 No GPU needed: the `.cu` files are compiled unchanged by g++ against stand-ins for threads, barriers, warp
 shuffles, ldmatrix, mma.sync and cp.async (see the emulation module's docstring). Each kernel's own checks at
@@ -11,7 +11,7 @@ import pytest
 from cuda_kernel_checks import check_backend_forward
 
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.cuda_backend import emulation
+from moonvit_kernels.tools import emulation
 
 pytestmark = [
     pytest.mark.emulator,

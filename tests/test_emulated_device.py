@@ -15,7 +15,7 @@ import pytest
 
 from moonvit_kernels import registry
 from moonvit_kernels.cuda_backend import hopper_launchers, launchers, tensor_maps
-from moonvit_kernels.cuda_backend.emulation import compiler, device
+from moonvit_kernels.tools.emulation import compiler, device
 from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation")
@@ -239,7 +239,7 @@ def test_tensor_maps_are_encoded_with_typed_arguments_into_an_aligned_buffer():
 
 
 def test_the_emulators_encoder_checks_the_drivers_requirements():
-    from moonvit_kernels.cuda_backend.emulation import hopper
+    from moonvit_kernels.tools.emulation import hopper
 
     enc = hopper.encode_tiled_driver()
     g = device.empty(4096, np.uint16)

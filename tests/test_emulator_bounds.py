@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moonvit_kernels.cuda_backend.emulation import build, device, guard
 from moonvit_kernels.exercises import check, solution
+from moonvit_kernels.tools.emulation import build, device, guard
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation")
 

@@ -21,9 +21,9 @@ import pytest
 from numba import cuda, float32
 
 from moonvit_kernels import exercises
-from moonvit_kernels.cuda_backend.emulation import build
 from moonvit_kernels.exercises import EXERCISES, CheckResult, ExerciseFailed, check, hint, load_solution, solution
 from moonvit_kernels.exercises import core as checker
+from moonvit_kernels.tools.emulation import build
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = list(EXERCISES)

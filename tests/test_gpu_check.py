@@ -22,18 +22,18 @@ import pytest
 
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.device import gpu_available, simulator_enabled
-from moonvit_kernels.gpu_check import faults, worker
-from moonvit_kernels.gpu_check import kernels as kernels_mod
-from moonvit_kernels.gpu_check import plan as plan_mod
-from moonvit_kernels.gpu_check import run as run_mod
-from moonvit_kernels.gpu_check import sections as sections_mod
-from moonvit_kernels.gpu_check.events import EventWriter, read_events
-from moonvit_kernels.gpu_check.plan import Unit, make_plan, parse_sections, units_for
-from moonvit_kernels.gpu_check.report import CSV_FIELDS, Report
-from moonvit_kernels.gpu_check.suite import count_outcomes, tier_status
-from moonvit_kernels.gpu_check.supervisor import Supervisor
-from moonvit_kernels.gpu_check.timing import KernelTiming, measure_kernel, percentile
-from moonvit_kernels.gpu_check.tower import stage_times, tower_flops, truncated_weights
+from moonvit_kernels.tools.gpu_check import faults, worker
+from moonvit_kernels.tools.gpu_check import kernels as kernels_mod
+from moonvit_kernels.tools.gpu_check import plan as plan_mod
+from moonvit_kernels.tools.gpu_check import run as run_mod
+from moonvit_kernels.tools.gpu_check import sections as sections_mod
+from moonvit_kernels.tools.gpu_check.events import EventWriter, read_events
+from moonvit_kernels.tools.gpu_check.plan import Unit, make_plan, parse_sections, units_for
+from moonvit_kernels.tools.gpu_check.report import CSV_FIELDS, Report
+from moonvit_kernels.tools.gpu_check.suite import count_outcomes, tier_status
+from moonvit_kernels.tools.gpu_check.supervisor import Supervisor
+from moonvit_kernels.tools.gpu_check.timing import KernelTiming, measure_kernel, percentile
+from moonvit_kernels.tools.gpu_check.tower import stage_times, tower_flops, truncated_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_sim = pytest.mark.skipif(not simulator_enabled(), reason="--simulate needs numba's simulator in this process")
@@ -219,7 +219,7 @@ def test_a_worker_that_dies_or_hangs_at_start_up_is_named_and_the_watchdog_ends_
 
 
 def test_a_start_up_failure_still_writes_the_report_with_the_traceback(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "moonvit_kernels.gpu_check.plan", None)  # its import fails
+    monkeypatch.setitem(sys.modules, "moonvit_kernels.tools.gpu_check.plan", None)  # its import fails
     assert run_mod.main(["--simulate", "--out", str(tmp_path)]) == 1
     text = (tmp_path / "report.md").read_text()
     assert "FAILED TO START" in text and "Traceback" in text and "ModuleNotFoundError" in text
@@ -235,7 +235,7 @@ def test_a_missing_dependency_still_writes_the_report_from_a_source_tree(tmp_pat
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(ROOT)])}
     out = tmp_path / "out"
     r = subprocess.run(
-        [sys.executable, "-m", "moonvit_kernels.gpu_check", "--simulate", "--out", str(out)],
+        [sys.executable, "-m", "moonvit_kernels.tools.gpu_check", "--simulate", "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert r.returncode == 1, r.stderr[-2000:]
@@ -247,7 +247,7 @@ def test_a_missing_dependency_still_writes_the_report_from_a_source_tree(tmp_pat
 def test_the_recorder_passes_the_launchers_keywords_to_compile_text():
     """hopper_launchers calls `nvrtc_check.compile_text(text, file, names, arch, strict=False)`: the recorder's
     wrapper must take and pass every argument the launcher gives (a GPU run's Hopper builds go through it)."""
-    from moonvit_kernels.gpu_check.binaries import BinaryRecorder
+    from moonvit_kernels.tools.gpu_check.binaries import BinaryRecorder
 
     seen = []
 
@@ -267,7 +267,7 @@ def test_numba_table_asks_the_dispatcher_with_signature_objects(monkeypatch):
     import types
 
     from moonvit_kernels import registry
-    from moonvit_kernels.gpu_check import binaries
+    from moonvit_kernels.tools.gpu_check import binaries
 
     class Dispatcher:
         overloads = {("float32[::1]",): types.SimpleNamespace(regs_per_thread=40, local_mem_per_thread=0,
@@ -305,7 +305,7 @@ class TestNumbaBuildRehearsal:
             pytest.skip("numba-cuda with cuda-bindings is needed")
         env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-        r = subprocess.run([sys.executable, "-m", "moonvit_kernels.gpu_check.numba_build"], env=env,
+        r = subprocess.run([sys.executable, "-m", "moonvit_kernels.tools.gpu_check.numba_build"], env=env,
                            capture_output=True, text=True, timeout=600)  # fmt: skip
         result = __import__("json").loads(r.stdout.strip().splitlines()[-1])
         if result["error"] and "NVVM" in result["error"] and result["built"] == 0:
@@ -344,7 +344,7 @@ def test_without_gpu_and_without_simulate_one_clear_line_and_status_2(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = str(ROOT)
     r = subprocess.run(
-        [sys.executable, "-m", "moonvit_kernels.gpu_check", "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "moonvit_kernels.tools.gpu_check", "--out", str(tmp_path / "o")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 2
@@ -595,8 +595,8 @@ def test_sdpa_baseline_is_the_fastest_backend_that_runs():
     """The selection logic on torch's CPU kernels (on a GPU the same code times cuDNN/flash/efficient/math)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("torch.nn.attention")
-    from moonvit_kernels.gpu_check.baselines import Baselines
-    from moonvit_kernels.gpu_check.timing import HostClock
+    from moonvit_kernels.tools.gpu_check.baselines import Baselines
+    from moonvit_kernels.tools.gpu_check.timing import HostClock
 
     b = Baselines(simulate=False, method=make_plan(True, True))
     b.torch, b.device, b.torch_clock = torch, "cpu", HostClock()
@@ -607,12 +607,12 @@ def test_sdpa_baseline_is_the_fastest_backend_that_runs():
 
 
 def test_the_xray_bound_is_given_or_no_model_is_said(monkeypatch):
-    from moonvit_kernels.gpu_check.model import xray_bound
-    from moonvit_kernels.xray import roofline
+    from moonvit_kernels.tools.gpu_check.model import xray_bound
+    from moonvit_kernels.tools.xray import roofline
 
     gemm = ("gemm_bf16_tc_bf16_none", 2.0 * 1024 * 4608 * 1024, 2.0 * (1024 * 1024 + 4608 * 1024 + 1024 * 4608))
     got = xray_bound(gemm, "CUDA C", "NVIDIA H200")
-    from moonvit_kernels.xray.arch import GPUS
+    from moonvit_kernels.tools.xray.arch import GPUS
 
     assert got["model"] == "mma.sync-bound, mma_sync peak, H200 SXM datasheet"  # an mma.sync kernel: its own roof
     assert got["model_ms"] == pytest.approx(gemm[1] / GPUS["H200"].mma_sync_flops * 1e3)
@@ -622,7 +622,7 @@ def test_the_xray_bound_is_given_or_no_model_is_said(monkeypatch):
 
 
 def test_binary_table_reads_cupy_attributes_or_says_why_not():
-    from moonvit_kernels.gpu_check.binaries import BinaryRecorder, kernel_table
+    from moonvit_kernels.tools.gpu_check.binaries import BinaryRecorder, kernel_table
 
     class Kernel:
         attributes = {"num_regs": 168, "local_size_bytes": 0, "shared_size_bytes": 0,
@@ -643,7 +643,7 @@ def test_binary_table_reads_cupy_attributes_or_says_why_not():
 
 
 def test_gpu_state_line_and_incompatible_packages():
-    from moonvit_kernels.gpu_check import machine
+    from moonvit_kernels.tools.gpu_check import machine
 
     line = machine.format_state(["1980", "3201", "412.50", "51", "0x0000000000000004"])
     assert line == "SM 1980 MHz, memory 3201 MHz, power 412.50 W, 51 °C, clock event reasons 0x0000000000000004"
@@ -654,7 +654,7 @@ def test_gpu_state_line_and_incompatible_packages():
 
 
 def test_datasheet_peaks_are_labelled_and_unknown_gpus_get_none():
-    from moonvit_kernels.gpu_check.peaks import peak_for, peak_key
+    from moonvit_kernels.tools.gpu_check.peaks import peak_for, peak_key
 
     assert peak_for("NVIDIA H200", "TFLOP/s", "bfloat16->float32") == (989.0, "989 TFLOP/s bf16 dense (H200 datasheet)")
     assert peak_for("NVIDIA H100 80GB HBM3", "GB/s", "float32")[0] == 3350.0

@@ -10,7 +10,7 @@ from cuda_kernel_checks import random_pixels, random_weights
 
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.cuda_backend import routing
-from moonvit_kernels.cuda_backend.emulation import compiler
+from moonvit_kernels.tools.emulation import compiler
 
 
 # ============================================================================ the switch
@@ -88,7 +88,7 @@ class Sm90Emulation:
     """The portable emulator, presenting itself as a compute capability 9.0 device."""
 
     def __getattr__(self, name):
-        from moonvit_kernels.cuda_backend import emulation
+        from moonvit_kernels.tools import emulation
 
         return getattr(emulation, name)
 
@@ -101,13 +101,13 @@ class FaultyHopper:
     """The Hopper emulator with the planted mismatch in its GEMM (B's tensor map 8 elements late)."""
 
     def __getattr__(self, name):
-        from moonvit_kernels.cuda_backend.emulation import hopper
+        from moonvit_kernels.tools.emulation import hopper
 
         return getattr(hopper, name)
 
     @staticmethod
     def gemm(*args, **kwargs):
-        from moonvit_kernels.cuda_backend.emulation import hopper
+        from moonvit_kernels.tools.emulation import hopper
 
         return hopper.gemm(*args, fault=1, **kwargs)
 
@@ -127,8 +127,8 @@ def _backend(hopper_kernels, **kwargs):
 def test_backend_uses_the_hopper_kernels_on_sm90(recwarn):
     """hopper=None on a "9.0 device": Hopper GEMMs and attention after their checks pass, the same result
     as the mma.sync backend within bf16 rounding; odd K and unaligned operands take gemm_bf16_tc."""
-    from moonvit_kernels.cuda_backend import emulation
-    from moonvit_kernels.cuda_backend.emulation import hopper
+    from moonvit_kernels.tools import emulation
+    from moonvit_kernels.tools.emulation import hopper
 
     backend = _backend(hopper)
     plain = _backend(hopper, hopper=False)
@@ -171,8 +171,8 @@ def test_backend_falls_back_when_a_hopper_kernel_fails_its_check():
 
 
 def test_backend_switch_errors():
-    from moonvit_kernels.cuda_backend import emulation
     from moonvit_kernels.cuda_backend.backend import CupyBackend
+    from moonvit_kernels.tools import emulation
 
     config = VisionConfig.tiny()
     weights = random_weights(config, 5)
@@ -198,8 +198,9 @@ def test_environment_switch_turns_the_backend_off(monkeypatch):
 def test_hopper_checks_cover_both_tile_widths_and_attention():
     """The checks gpu_check runs in a subprocess, here on the emulators: all pass; with the planted
     mismatch both GEMM widths fail, each named, and attention still passes."""
-    from moonvit_kernels.cuda_backend import emulation, selfcheck
-    from moonvit_kernels.cuda_backend.emulation import hopper
+    from moonvit_kernels.cuda_backend import selfcheck
+    from moonvit_kernels.tools import emulation
+    from moonvit_kernels.tools.emulation import hopper
 
     checks = selfcheck.hopper_checks(np, hopper, emulation, head_dim=24)
     assert sorted(checks) == ["flash_attn_sm90", "gemm_bf16_sm90 bn128", "gemm_bf16_sm90 bn256"]

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from cuda_kernel_checks import check_attention, check_gemm
 
-from moonvit_kernels.cuda_backend.emulation import compiler
 from moonvit_kernels.cuda_backend.sources import EPILOGUES
+from moonvit_kernels.tools.emulation import compiler
 
 GEMM_NAMES = [
     f"gemm_bf16_sm90<{out}, {epi}, {bn}>" for bn in (128, 256) for out in ("float", "__nv_bfloat16") for epi in range(4)
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.compile
 
 @pytest.fixture(scope="module")
 def hop():
-    from moonvit_kernels.cuda_backend.emulation import hopper
+    from moonvit_kernels.tools.emulation import hopper
 
     hopper.library()
     return hopper
@@ -156,8 +156,8 @@ def test_gpu_launchers_use_the_kernels_shared_memory_sizes(hop):
 @pytest.fixture(scope="module", params=sorted(BUILDS))
 def sm90a_build(request):
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
-    from moonvit_kernels.cuda_backend import nvrtc_check
     from moonvit_kernels.cuda_backend import sources as kcuda
+    from moonvit_kernels.tools import nvrtc_check
 
     source = request.param
     text = kcuda.load_source(source)
@@ -179,7 +179,7 @@ def test_builds_for_sm90a_without_spills(sm90a_build):
 
 
 def test_sass_uses_the_hopper_instructions(sm90a_build):
-    from moonvit_kernels.xray import sass
+    from moonvit_kernels.tools.xray import sass
 
     if sass.nvdisasm_path() is None:
         pytest.skip("nvdisasm (nvidia-cuda-nvdisasm) not installed")

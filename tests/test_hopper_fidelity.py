@@ -21,7 +21,7 @@ import pytest
 from cuda_kernel_checks import check_attention, check_gemm
 
 from moonvit_kernels.cuda_backend import sources as kcuda
-from moonvit_kernels.cuda_backend.emulation import compiler
+from moonvit_kernels.tools.emulation import compiler
 
 pytestmark = [
     pytest.mark.compile,
@@ -45,7 +45,7 @@ SUBSTITUTIONS = [
 def plant(directory) -> None:
     """Write the sm90 kernel files into `directory` with SUBSTITUTIONS applied (the switch in gemm_bf16_sm90.cu,
     which the emulator's driver includes first)."""
-    from moonvit_kernels.cuda_backend.emulation import hopper
+    from moonvit_kernels.tools.emulation import hopper
 
     for name in hopper.KERNEL_FILES:
         shutil.copy(kcuda.KERNEL_DIR / name, directory / name)
@@ -59,7 +59,7 @@ def plant(directory) -> None:
 
 def use_kernels_from(monkeypatch, directory):
     """Make the Hopper emulator build and load the kernel files of `directory` (a fresh library cache)."""
-    from moonvit_kernels.cuda_backend.emulation import hopper
+    from moonvit_kernels.tools.emulation import hopper
 
     monkeypatch.setattr(kcuda, "KERNEL_DIR", directory)
     hopper.library.cache_clear()
@@ -69,7 +69,7 @@ def use_kernels_from(monkeypatch, directory):
 def planted(tmp_path_factory):
     """The emulator library of the planted copy, built (cached on disk by content) and loaded here, in the
     parent process: the forked children only call it."""
-    from moonvit_kernels.cuda_backend.emulation import hopper
+    from moonvit_kernels.tools.emulation import hopper
 
     directory = tmp_path_factory.mktemp("planted_sm90")
     plant(directory)
@@ -105,7 +105,7 @@ class Planted:
         return np
 
     def _launch(self, run) -> None:
-        from moonvit_kernels.cuda_backend.emulation import hopper
+        from moonvit_kernels.tools.emulation import hopper
 
         def child():
             with pytest.MonkeyPatch.context() as mp:
@@ -177,7 +177,7 @@ def test_planted_copy_without_defects_is_correct(planted, kernel):
 
 def test_dynamic_shared_memory_starts_1024_aligned():
     """The model's window (hopper.cuh) and the Python constant agree, on a 1024-byte boundary."""
-    from moonvit_kernels.cuda_backend.emulation import hopper
+    from moonvit_kernels.tools.emulation import hopper
 
     text = (hopper.HERE / "hopper.cuh").read_text(encoding="utf-8")
     assert f"constexpr uint32_t SMEM_BASE = {hopper.SMEM_BASE:#x};" in text

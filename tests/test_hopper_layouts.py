@@ -21,7 +21,7 @@ boundary when the descriptor's base offset is 0 ("Matrix Descriptor Format").
 import numpy as np
 import pytest
 
-from moonvit_kernels.cuda_backend.emulation import compiler
+from moonvit_kernels.tools.emulation import compiler
 
 pytestmark = [
     pytest.mark.compile,
@@ -31,7 +31,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def hop():
-    from moonvit_kernels.cuda_backend.emulation import hopper
+    from moonvit_kernels.tools.emulation import hopper
 
     hopper.library()
     return hopper

@@ -186,7 +186,8 @@ def test_numba_launch_check_refuses_769_to_800_threads_of_add_pos_emb_bicubic():
 
 
 def test_compile_tier_judges_registers_by_the_rule():
-    from moonvit_kernels.cuda_backend import nvrtc_check, sources
+    from moonvit_kernels.cuda_backend import sources
+    from moonvit_kernels.tools import nvrtc_check
 
     spec = sources.KernelSpec("t.cu", "t", threads=800, max_registers=255)
     assert nvrtc_check.judge(spec, nvrtc_check.PtxasInfo(registers=72), "sm_90") == []

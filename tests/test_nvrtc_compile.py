@@ -13,8 +13,8 @@ nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-
 
 from moonvit_kernels import registry
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.cuda_backend import nvrtc_check
 from moonvit_kernels.cuda_backend import sources as kcuda
+from moonvit_kernels.tools import nvrtc_check
 
 pytestmark = pytest.mark.compile
 

@@ -42,7 +42,7 @@ IMPORT_TO_DIST = {
     "jupyter_client": {"jupyter_client", "jupyter-client"},
     "jupytext": {"jupytext"},
     "IPython": {"ipython"},
-    "nvidia": {"nvidia-cuda-nvdisasm"},  # xray/sass.py finds the nvdisasm program in the nvidia namespace
+    "nvidia": {"nvidia-cuda-nvdisasm"},  # tools/xray/sass.py finds the nvdisasm program in the nvidia namespace
 }
 # distributions used as programs or plugins, not imported: (file, text that shows the use)
 TOOLS = {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from moonvit_kernels.cuda_backend.emulation import compiler
+from moonvit_kernels.tools.emulation import compiler
 
 ROOT = Path(__file__).resolve().parents[1]
 GUARD = "tests/test_emulated_device.py"

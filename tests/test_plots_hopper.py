@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from moonvit_kernels.cuda_backend.emulation import compiler
 from moonvit_kernels.plots.hopper import (
     accumulator_owners,
     plot_accumulator_owners,
     plot_swizzle,
     swizzle_layout,
 )
+from moonvit_kernels.tools.emulation import compiler
 
 
 def doc_swizzle(addr: int, span: int) -> int:
@@ -39,7 +39,7 @@ def test_swizzle_layout_rejects_bad_arguments():
 
 @pytest.mark.skipif(compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation")
 def test_the_emulator_model_matches_the_documented_atoms():
-    from moonvit_kernels.cuda_backend.emulation import hopper
+    from moonvit_kernels.tools.emulation import hopper
 
     for span in (32, 64, 128):
         np.testing.assert_array_equal(swizzle_layout(hopper.swizzle, span), swizzle_layout(doc_swizzle, span))

@@ -16,12 +16,12 @@ import pytest
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.cuda_backend import preflight
 from moonvit_kernels.cuda_backend import sources as kcuda
-from moonvit_kernels.cuda_backend.emulation import compiler
+from moonvit_kernels.tools.emulation import compiler
 from moonvit_kernels.weights import random_weights
 
 TESTS = Path(__file__).resolve().parent
 STAND_IN = "hopper_stand_ins"  # tests/hopper_stand_ins.py, imported by the pre-flight subprocess
-EMULATED = "moonvit_kernels.cuda_backend.emulation.hopper"
+EMULATED = "moonvit_kernels.tools.emulation.hopper"
 needs_cxx = pytest.mark.skipif(compiler() is None, reason="no C++ compiler (g++ >= 11) for the Hopper emulation")
 PARITY_BUG = ("mbar_wait(&full[s], (kt / STAGES) & 1u);", "mbar_wait(&full[s], 0u);")  # consumers skip the wait
 
@@ -91,7 +91,7 @@ class _Sm90Emulation:
     """The portable emulator presenting itself as a compute capability 9.0 device (nothing is launched here)."""
 
     def __getattr__(self, name):
-        from moonvit_kernels.cuda_backend import emulation
+        from moonvit_kernels.tools import emulation
 
         return getattr(emulation, name)
 
@@ -167,7 +167,7 @@ def test_planted_barrier_parity_bug_fails_the_preflight(monkeypatch, tmp_path):
 @needs_cxx
 def test_emulated_hopper_kernels_pass_their_probes_in_process():
     """The unplanted kernels on the Hopper emulator pass every probe (the same run as a GPU's pre-flight)."""
-    from moonvit_kernels.cuda_backend.emulation import hopper
+    from moonvit_kernels.tools.emulation import hopper
 
     results = preflight.run_probes(hopper, (24, 128))
     assert all(r["ok"] for r in results.values()), results

@@ -1,5 +1,5 @@
 """Process pools start by spawn: nothing forks from a threaded process (a forked child can inherit a held
-import lock and wait forever: `python -m moonvit_kernels.xray` hung that way on a cold cache)."""
+import lock and wait forever: `python -m moonvit_kernels.tools.xray` hung that way on a cold cache)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from moonvit_kernels.cuda_backend import nvrtc_check
+from moonvit_kernels.tools import nvrtc_check
 
 
 def test_the_compile_pools_use_spawn(monkeypatch):
@@ -43,12 +43,12 @@ def test_building_cubins_from_a_thread_while_another_imports_finishes():
         import importlib, sys
         from concurrent.futures import ThreadPoolExecutor
         from moonvit_kernels import registry
-        from moonvit_kernels.cuda_backend import nvrtc_check
+        from moonvit_kernels.tools import nvrtc_check
         one = [s for s in registry.specs_for("sm_90", (24,)) if s.source == "rmsnorm.cu"][:2]
         registry.specs_for = lambda arch, head_dims=(128,): one
         with ThreadPoolExecutor(max_workers=1) as pool:
             fut = pool.submit(nvrtc_check.build_cubins, "sm_90", (24,), 2)
-            for name in ("moonvit_kernels.xray.report", "moonvit_kernels.xray.roofline", "email.mime.text"):
+            for name in ("moonvit_kernels.tools.xray.report", "moonvit_kernels.tools.xray.roofline", "email.mime.text"):
                 importlib.import_module(name)
             built = fut.result(timeout=240)
         print(len(built), all(r.ok for _, _, r in built))

@@ -17,7 +17,7 @@ import dataclasses
 
 import pytest
 
-from moonvit_kernels.cuda_backend.emulation import asm_statements, ptx_conformance, ptx_models
+from moonvit_kernels.tools.emulation import asm_statements, ptx_conformance, ptx_models
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(120)]
 

@@ -14,8 +14,8 @@ import re
 
 import pytest
 
-from moonvit_kernels.cuda_backend.emulation import build
 from moonvit_kernels.exercises import EXERCISES, check, solution_path
+from moonvit_kernels.tools.emulation import build
 
 BARRIER = {"numba": "cuda.syncthreads()", "cuda_c": "__syncthreads()"}
 

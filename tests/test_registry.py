@@ -14,10 +14,10 @@ from moonvit_kernels import launch_model as lm
 from moonvit_kernels import launch_rules, registry
 from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.cuda_backend import sources
-from moonvit_kernels.numba_backend import compile_check
 from moonvit_kernels.numba_backend._cuda import cuda, float32  # module-level: the simulator swaps these globals
 from moonvit_kernels.numba_backend.registers import registers_for
-from moonvit_kernels.xray import catalogue, emulator_trace, jobs_numba
+from moonvit_kernels.tools import compile_check
+from moonvit_kernels.tools.xray import catalogue, emulator_trace, jobs_numba
 
 EVERY = registry.entries(registry.ALL_HEAD_DIMS)
 CUDA = [e for e in EVERY if e.backend == "cuda"]
@@ -237,10 +237,10 @@ def test_adding_a_real_gemm_version_is_all_it_takes(monkeypatch, tmp_path):
     one registry line. Every derived place picks it up with nothing else edited: the compile tier's list and
     register tables, the SASS budget, the X-ray's model and trace (run for real on the simulator), notebook 01's
     prediction table, and gpu_check's plan and kernel cases (a case run and checked against float64)."""
-    from moonvit_kernels.gpu_check import kernels as gpu_kernels
-    from moonvit_kernels.gpu_check import plan as gpu_plan
     from moonvit_kernels.numba_backend import gemm
     from moonvit_kernels.plots import prediction_rows
+    from moonvit_kernels.tools.gpu_check import kernels as gpu_kernels
+    from moonvit_kernels.tools.gpu_check import plan as gpu_plan
 
     if not __import__("moonvit_kernels.device", fromlist=["x"]).simulator_enabled():
         pytest.skip("runs the new kernel on numba's simulator")

@@ -1,4 +1,4 @@
-"""numba_backend/simulator.py: the waiting barrier and the direct device-function calls keep numba's rules.
+"""tools/simulator.py: the waiting barrier and the direct device-function calls keep numba's rules.
 
 Each speed-up is held to what a kernel can observe: a barrier still orders shared-memory traffic (and a kernel
 without it still races), threads that return early do not hold a barrier, the first exception of a block is

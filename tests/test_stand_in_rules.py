@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 
-from moonvit_kernels.cuda_backend.emulation import compiler, device
+from moonvit_kernels.tools.emulation import compiler, device
 
 pytestmark = [
     pytest.mark.skipif(compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation"),

@@ -94,9 +94,9 @@ def test_wheel_holds_the_bundled_data(wheel_venv):
         "moonvit_kernels/data/tiny/inputs.npz",
         "moonvit_kernels/data/photo/grace_hopper.jpg",
         "moonvit_kernels/cuda_backend/__init__.py",
-        "moonvit_kernels/cuda_backend/emulation/__init__.py",
-        "moonvit_kernels/cuda_backend/emulation/launch_entry.h",
-        "moonvit_kernels/cuda_backend/emulation/tensor_map_driver.cpp",
+        "moonvit_kernels/tools/emulation/__init__.py",
+        "moonvit_kernels/tools/emulation/launch_entry.h",
+        "moonvit_kernels/tools/emulation/tensor_map_driver.cpp",
     ):
         assert needed in names, f"the wheel lacks {needed}"
     assert any(n.startswith("moonvit_kernels/data/golden_tiny/") for n in names)

@@ -1,4 +1,4 @@
-"""The kernel X-ray (`moonvit_kernels.xray`): counters, tracer, SASS loop finder, occupancy, roofline, report.
+"""The kernel X-ray (`moonvit_kernels.tools.xray`): counters, tracer, SASS loop finder, occupancy, roofline, report.
 
 Known answers first (counters on hand-written requests and on tiny kernels run traced under the
 simulator; occupancy cases worked by hand per architecture; a SASS loop of known body), then the
@@ -20,8 +20,8 @@ import pytest
 from numba import cuda, float32
 
 from moonvit_kernels import registry
-from moonvit_kernels.xray import arch, catalogue, counters, launch_counts, occupancy, roofline, sass, trace
-from moonvit_kernels.xray.counters import strided
+from moonvit_kernels.tools.xray import arch, catalogue, counters, launch_counts, occupancy, roofline, sass, trace
+from moonvit_kernels.tools.xray.counters import strided
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -242,7 +242,7 @@ def test_sass_parser_keeps_modifiers_with_lowercase_letters_whole():
 
 @pytest.mark.compile
 def test_loop_finder_on_a_compiled_kernel():
-    from moonvit_kernels.cuda_backend import nvrtc_check
+    from moonvit_kernels.tools import nvrtc_check
 
     if sass.nvdisasm_path() is None:
         pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
@@ -256,7 +256,7 @@ extern "C" __global__ void dot_loop(const float* __restrict__ x, float* __restri
   y[threadIdx.x] = s[(threadIdx.x + 1) % 100];
 }
 """
-    from moonvit_kernels.xray.cubin import kernel_resources
+    from moonvit_kernels.tools.xray.cubin import kernel_resources
 
     for target in ("sm_80", "sm_89", "sm_90"):  # the cubin layouts differ (register byte, shared reserve)
         cubin, log, _ = nvrtc_check.compile_text(src, "dot_loop.cu", ["dot_loop"], target)
@@ -276,8 +276,9 @@ def test_hopper_kernels_in_the_xray(tmp_path, monkeypatch):
     SASS counts that tell the generations apart (HGMMA / UTMALDG vs HMMA / LDGSTS)."""
     import json
 
-    from moonvit_kernels.cuda_backend import nvrtc_check, sources
-    from moonvit_kernels.xray import build, report
+    from moonvit_kernels.cuda_backend import sources
+    from moonvit_kernels.tools import nvrtc_check
+    from moonvit_kernels.tools.xray import build, report
 
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
     spec = next(s for s in registry.specs_for("sm_90a") if s.label == "gemm_bf16_sm90_bn128_bf16_gelu_tanh")
@@ -519,7 +520,7 @@ def test_counts_take_the_traced_conflict_factors():
 
 # ============================================================================ calibration
 def _row(backend, label, arch_name="sm_90"):
-    from moonvit_kernels.xray import report
+    from moonvit_kernels.tools.xray import report
 
     info = catalogue.describe(backend, label)
     return report.Row(backend, label, info.family, info.version, info.specialisation, arch_name, info.k3,
@@ -531,7 +532,7 @@ def test_a_measured_row_matches_only_the_kernel_it_timed():
     """Rows as the first H200 report wrote them (item, backend, dtype): a Hopper item never lands on an
     mma.sync kernel when the list has no Hopper kernel (the bug that report showed), the fp32 SIMT GEMM is
     found by its dtype, and another epilogue, output dtype or tile width is another kernel."""
-    from moonvit_kernels.xray import calibration
+    from moonvit_kernels.tools.xray import calibration
 
     listed = [_row("cuda", "gemm_bf16_tc_f32_none"), _row("cuda", "gemm_fp32_simt_none"),
               _row("cuda", "flash_attn_bf16_hd128"), _row("cuda", "gemm_bf16_sm90_bn128_bf16_none"),
@@ -554,7 +555,7 @@ def test_a_measured_row_matches_only_the_kernel_it_timed():
 
 
 def test_calibration_puts_measured_rates_beside_the_bounds(tmp_path):
-    from moonvit_kernels.xray import calibration, report
+    from moonvit_kernels.tools.xray import calibration, report
 
     rep = report.Report(rows=[_row("numba", "gemm_v3_none"), _row("numba", "gemm_v3_gelu_tanh"),
                               _row("numba", "attention_v2_hd128_q32_k16"), _row("cuda", "gemm_bf16_tc_bf16_gelu_tanh"),
@@ -596,7 +597,7 @@ def test_calibration_puts_measured_rates_beside_the_bounds(tmp_path):
 
 
 def test_no_gpu_run_is_said_plainly(tmp_path):
-    from moonvit_kernels.xray import calibration, report
+    from moonvit_kernels.tools.xray import calibration, report
 
     rep = report.Report(rows=[_row("numba", "gemm_v3_none")])
     assert calibration.results_files(tmp_path) == [] and calibration.attach(rep, []) == {}
@@ -605,7 +606,7 @@ def test_no_gpu_run_is_said_plainly(tmp_path):
 
 
 def test_roofline_plot_draws_every_roof_and_measured_points(tmp_path):
-    from moonvit_kernels.xray import calibration
+    from moonvit_kernels.tools.xray import calibration
 
     h200 = arch.GPUS["H200"]
     points = []
@@ -626,8 +627,8 @@ def test_roofline_plot_draws_every_roof_and_measured_points(tmp_path):
 def _run_cli(args, timeout=600):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     return subprocess.run(
-        [sys.executable, "-m", "moonvit_kernels.xray", *args], capture_output=True, text=True, env=env, timeout=timeout,
-        cwd=REPO,
+        [sys.executable, "-m", "moonvit_kernels.tools.xray", *args],
+        capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO,
     )  # fmt: skip
 
 
@@ -665,7 +666,7 @@ def test_report_covers_every_kernel_of_both_backends(tmp_path):
             assert row["roof_shared_us"] and row["roof_issue_us"] and row["roofline_limit"] in roofline.ROOFS, row
     md = (tmp_path / "xray.md").read_text()
     assert md.count("## ") >= 10 and "## Calibration against a GPU run" in md
-    from moonvit_kernels.xray import calibration
+    from moonvit_kernels.tools.xray import calibration
 
     assert ("No GPU run yet" in md) == (not calibration.results_files())  # said plainly until a run lands
     assert (tmp_path / "roofline_H200.png").exists() and (tmp_path / "hot_loop_instr_per_fma.png").exists()
@@ -685,7 +686,7 @@ TARGET_MESSAGE = "issue 9 target (numba GEMM v3 / attention v2 hot loops): "
 
 
 def _numba_functions(prefixes):
-    from moonvit_kernels.xray import build
+    from moonvit_kernels.tools.xray import build
 
     if sass.nvdisasm_path() is None:
         pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
@@ -715,7 +716,7 @@ def test_issue9_innermost_fma_loops_cost_at_most_4_instructions_per_ffma():
 def test_issue9_no_shared_access_worse_than_2_way(job_name):
     from numba import config
 
-    from moonvit_kernels.xray import jobs_numba
+    from moonvit_kernels.tools.xray import jobs_numba
 
     if not config.ENABLE_CUDASIM:
         pytest.skip("address tracing runs under numba's CUDA simulator (a GPU is present)")
@@ -734,7 +735,7 @@ def test_numba_rope_qkv_loads_and_stores_are_fully_coalesced():
     value, consecutive threads on consecutive columns; one thread per 16-byte quad took 4x)."""
     from numba import config
 
-    from moonvit_kernels.xray import jobs_numba
+    from moonvit_kernels.tools.xray import jobs_numba
 
     if not config.ENABLE_CUDASIM:
         pytest.skip("address tracing runs under numba's CUDA simulator (a GPU is present)")
@@ -749,7 +750,7 @@ def test_numba_rope_qkv_loads_and_stores_are_fully_coalesced():
 
 # ============================================================================ issue 21: shared roof (compile tier)
 def _cuda_functions(labels):
-    from moonvit_kernels.xray import build
+    from moonvit_kernels.tools.xray import build
 
     if sass.nvdisasm_path() is None:
         pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
@@ -846,7 +847,7 @@ def test_issue21_shared_roof_binds_and_agrees_with_a_count_by_hand():
 
 # ============================================================================ CUDA C kernels on the emulator
 def test_ptx_standin_patch_finds_ldmatrix_and_cp_async():
-    from moonvit_kernels.cuda_backend.emulation import HERE, tracing
+    from moonvit_kernels.tools.emulation import HERE, tracing
 
     patched = tracing.patch_ptx((HERE / "ptx.cuh").read_text())
     assert patched.count("emu_trace_explicit(") == 5  # declaration, cp.async store + load, ldmatrix_x4 (+ _trans)
@@ -864,8 +865,8 @@ def test_emulator_trace_of_the_fp32_gemm():
 
     The plain emulator library is loaded first, as it is in a full test run: the traced build must keep
     its own static __shared__ arrays (no GNU-unique symbols shared across the two libraries)."""
-    from moonvit_kernels.cuda_backend.emulation import compiler, library
-    from moonvit_kernels.xray import emulator_trace
+    from moonvit_kernels.tools.emulation import compiler, library
+    from moonvit_kernels.tools.xray import emulator_trace
 
     if compiler() is None:
         pytest.skip("no C++ compiler for the emulator")
@@ -898,8 +899,8 @@ def test_emulator_trace_of_the_bf16_gemm():
     """The CUDA C tensor-core GEMM traced on the emulator: the cp.async copies into the padded shared tiles
     are conflict-free (a quarter-warp stores 8 rows of one 16-byte chunk column: 4 wavefronts per
     request), the ldmatrix reads too, the global loads and the paired C stores coalesced."""
-    from moonvit_kernels.cuda_backend.emulation import compiler
-    from moonvit_kernels.xray import emulator_trace
+    from moonvit_kernels.tools.emulation import compiler
+    from moonvit_kernels.tools.xray import emulator_trace
 
     if compiler() is None:
         pytest.skip("no C++ compiler for the emulator")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from moonvit_kernels.config import VisionConfig
-from moonvit_kernels.cuda_backend import emulation
+from moonvit_kernels.tools import emulation
 
 # class TestCudaEmulator: the `.cu` files built for the CPU by g++ (skipped, with the reason, without one)
 EMULATOR = [

@@ -3,7 +3,7 @@
 Same API as `launchers.gemm` / `launchers.attention` for bf16 operands. Differences from the
 mma.sync launchers:
 - the kernels need sm_90a (wgmma, setmaxnreg), so each file is compiled here by NVRTC for sm_90a
-  to a cubin (`nvrtc_check.compile_text` with the run-time options, `sources.runtime_options`) and
+  to a cubin (`nvrtc.compile_text` with the run-time options, `sources.runtime_options`) and
   loaded with `cupy.RawModule(path=...)`; kernels are looked up by their mangled names (on the CPU
   emulator's device the source itself is built);
 - the operands are passed as tensor maps (`tensor_maps.encode`: the driver's encoder on a GPU, the
@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from moonvit_kernels import registry
-from moonvit_kernels.cuda_backend import launchers, nvrtc_check, rehearsal, tensor_maps
+from moonvit_kernels.cuda_backend import launchers, nvrtc, tensor_maps
 from moonvit_kernels.cuda_backend import sources as kcuda
+from moonvit_kernels.tools import rehearsal
 
 GEMM_SOURCE, ATTENTION_SOURCE = "gemm_bf16_sm90.cu", "flash_attn_sm90.cu"
 GEMM_THREADS, ATTENTION_THREADS = 384, 256
@@ -94,9 +95,9 @@ def _module(device: tuple[str, int], source: str, names: tuple[str, ...]) -> tup
 
 def _rehearse_build(source: str, names: tuple[str, ...]) -> None:
     """`_build_cubin` as on a GPU, the cubin then deleted (`rehearsal`); noted as not rehearsed without NVRTC."""
-    what = f"nvrtc_check.compile_text {source} {', '.join(names)} ({kcuda.HOPPER_ARCH})"
+    what = f"nvrtc.compile_text {source} {', '.join(names)} ({kcuda.HOPPER_ARCH})"
     try:
-        nvrtc_check.nvrtc_version()
+        nvrtc.nvrtc_version()
     except Exception as e:  # a base install: no NVRTC library to build with
         rehearsal.record(what, f"not rehearsed: NVRTC is not available ({e})")
         return
@@ -108,9 +109,7 @@ def _rehearse_build(source: str, names: tuple[str, ...]) -> None:
 def _build_cubin(source: str, names: tuple[str, ...]) -> tuple[str, dict[str, str]]:
     """NVRTC's sm_90a cubin of `source` with the run-time options, written to a temporary file: (its path,
     {name expression: mangled name}); its ptxas log is kept in BUILD_LOGS."""
-    cubin, log, lowered = nvrtc_check.compile_text(
-        kcuda.load_source(source), source, names, kcuda.HOPPER_ARCH, strict=False
-    )
+    cubin, log, lowered = nvrtc.compile_text(kcuda.load_source(source), source, names, kcuda.HOPPER_ARCH, strict=False)
     BUILD_LOGS[source] = log
     fd, path = tempfile.mkstemp(suffix=f".{source}.sm_90a.cubin")
     with os.fdopen(fd, "wb") as f:

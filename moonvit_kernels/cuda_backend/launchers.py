@@ -14,7 +14,7 @@ tables (`token_positions`, `merge_sources`, `cu_seqlens_int32`, from `moonvit_ke
 
 Modules are compiled by NVRTC on first use (`cupy.RawModule`, template kernels through
 `name_expressions`) with the same source text and options as the compile check
-(`moonvit_kernels.cuda_backend.nvrtc_check`; CuPy appends `-ftz=true`, already in
+(`moonvit_kernels.tools.nvrtc_check`; CuPy appends `-ftz=true`, already in
 `sources.compile_options`), with the CUDA headers of CuPy's own NVRTC major, and cached by CuPy on
 disk. Everything cached per process (compute capability, shared-memory limit, modules, kernels
 with their raised dynamic-shared-memory attribute) is keyed by the current device id, so each GPU
@@ -29,11 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from moonvit_kernels import registry
-
-from .. import packing
-from . import rehearsal
-from . import sources as kcuda
+from moonvit_kernels import packing, registry
+from moonvit_kernels.cuda_backend import sources as kcuda
+from moonvit_kernels.tools import rehearsal
 
 FLOAT32 = "float32"
 BFLOAT16 = "bfloat16"
@@ -259,7 +257,7 @@ def _module(device: tuple[str, int], source: str, names: tuple[str, ...]) -> Any
     cp = _cupy()
     require_sm80()
     if not is_emulated():
-        from .toolchain import check_toolchain
+        from moonvit_kernels.cuda_backend.toolchain import check_toolchain
 
         check_toolchain()  # one clear message when a pip compiler is ahead of the driver
     options = kcuda.compile_options(_nvrtc_major())

@@ -2,7 +2,7 @@
 spelled and sized.
 
 Both the CuPy launchers (`moonvit_kernels.cuda_backend.launchers`) and the GPU-less compile check
-(`moonvit_kernels.cuda_backend.nvrtc_check`) read this module, so they compile the same text with the same
+(`moonvit_kernels.tools.nvrtc_check`) read this module, so they compile the same text with the same
 options; which instantiations exist is `moonvit_kernels.registry` (`kernel_specs`, `specs_for(arch)`):
 
 - `load_source(name)` returns a `.cu` file with its local `#include "x.cuh"` headers inlined (CuPy
@@ -18,7 +18,7 @@ The portable files need sm_80 or newer (bf16 mma.sync, ldmatrix, cp.async); the 
 The Hopper files (`HOPPER_SOURCES`: wgmma, tensor copies) build for sm_90a only (`KernelSpec.archs`).
 
 Three ways to exercise them (each stage's tests: tests/stages/test_<stage>.py): on a GPU through CuPy (`launchers`);
-compiled for sm_80/sm_90 without a GPU (`python -m moonvit_kernels.cuda_backend.nvrtc_check`,
+compiled for sm_80/sm_90 without a GPU (`python -m moonvit_kernels.tools.nvrtc_check`,
 tests/test_nvrtc_compile.py); run on the CPU by the emulator in `emulation/` (the same `.cu`
 files through g++).
 """

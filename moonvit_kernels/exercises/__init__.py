@@ -30,10 +30,20 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from .. import contained
-from . import attention, cuda_c, encoder, gemm, hopper, merge, norm, rope, warmups
-from .core import OUT, TIME_LIMIT, Case, CheckResult, Exercise, ExerciseFailed, Suspect, ranges, run_check
-from .launch import launch_numba
+from moonvit_kernels.exercises import attention, cuda_c, encoder, gemm, hopper, merge, norm, rope, warmups
+from moonvit_kernels.exercises.core import (
+    OUT,
+    TIME_LIMIT,
+    Case,
+    CheckResult,
+    Exercise,
+    ExerciseFailed,
+    Suspect,
+    ranges,
+    run_check,
+)
+from moonvit_kernels.exercises.launch import launch_numba
+from moonvit_kernels.tools import contained
 
 SOLUTIONS_DIR = Path(__file__).resolve().parent / "solutions"
 

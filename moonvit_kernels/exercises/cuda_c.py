@@ -1,7 +1,7 @@
 """The CUDA C exercises: the learner's kernel source, compiled and run by the CPU emulator.
 
 `check(name, source)` compiles `source` as a CuPy `RawModule` of the emulated device
-(`cuda_backend.emulation.device`: g++ against stand-ins for the CUDA built-ins and PTX instructions,
+(`tools.emulation.device`: g++ against stand-ins for the CUDA built-ins and PTX instructions,
 every CUDA thread a fiber), finds its `extern "C" __global__` kernel, and launches it on each case as
 CuPy would (device arrays, NumPy scalars marshalled by their dtype). The diagnostics are the numba
 exercises': sentinel-filled outputs with guard rows, two runs compared, known bugs recognised. A
@@ -40,7 +40,7 @@ def _compile_error_lines(text: str, limit: int = 8) -> str:
 
 def compile_kernel(ex: Exercise, source: str) -> Any:
     """The learner's kernel `ex.entry`, compiled by the emulated device; ValueError with the reason otherwise."""
-    from moonvit_kernels.cuda_backend.emulation import build, device
+    from moonvit_kernels.tools.emulation import build, device
 
     if build.compiler() is None:
         raise RuntimeError("the CUDA C exercises need a C++20 compiler (g++ >= 11) for the CPU emulator; set CXX")

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import contained
-from .core import GUARD_ROWS, OUT, TIME_LIMIT, Case, KernelStopped
+from moonvit_kernels.exercises.core import GUARD_ROWS, OUT, TIME_LIMIT, Case, KernelStopped
+from moonvit_kernels.tools import contained
 
 
 def _filled(case: Case) -> np.ndarray:
@@ -64,7 +64,7 @@ def _dim3(v: tuple[int, ...] | int) -> tuple[int, int, int]:
 def launch_cuda_c(function: Any, case: Case, time_limit: float = TIME_LIMIT) -> tuple[np.ndarray, np.ndarray]:
     """Run a compiled CUDA C kernel (a RawModule function of the emulated device) once on one case, contained,
     with `time_limit` seconds."""
-    from moonvit_kernels.cuda_backend.emulation import device
+    from moonvit_kernels.tools.emulation import device
 
     full = device.asarray(_filled(case))
     args = []

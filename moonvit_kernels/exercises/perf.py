@@ -21,7 +21,7 @@ PerfCheck = Callable[[Any, Case], tuple[list[str], list[str]]]
 
 
 def _traced_sites(kernel: Any, case: Case) -> tuple[list, list]:
-    from moonvit_kernels.xray import trace
+    from moonvit_kernels.tools.xray import trace
 
     names = [n.strip() for n in case.arg_names.split(",")]
     out = np.full(case.out_shape, case.fill, dtype=case.out_dtype)
@@ -32,7 +32,7 @@ def _traced_sites(kernel: Any, case: Case) -> tuple[list, list]:
 
 def _lane_stride(records: Sequence[tuple], site: Any) -> int | None:
     """The most common byte distance between neighbouring lanes in the site's requests."""
-    from moonvit_kernels.xray import trace
+    from moonvit_kernels.tools.xray import trace
 
     strides: dict[int, int] = {}
     for (space, name, where, store, *_), accesses in trace.requests(records).items():

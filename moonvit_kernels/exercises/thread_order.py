@@ -10,8 +10,8 @@ from collections.abc import Iterator
 def reversed_thread_order() -> Iterator[None]:
     """Within the block, learner kernels run with their threads in the opposite order: on the CPU emulator
     (warps, lanes, blocks) and under the simulator (start order); on a GPU nothing changes."""
-    from moonvit_kernels.cuda_backend.emulation import device
-    from moonvit_kernels.numba_backend import simulator
+    from moonvit_kernels.tools import simulator
+    from moonvit_kernels.tools.emulation import device
 
     with device.reversed_thread_order(), simulator.reversed_thread_order():
         yield

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .compilers import NUMBA_CUDA_MLIR, select_compiler, simulator_on, version
+from moonvit_kernels.numba_backend.compilers import NUMBA_CUDA_MLIR, select_compiler, simulator_on, version
 
 
 # ============================================================================ numba-cuda on numpy 2.5
@@ -61,7 +61,7 @@ else:
 # endregion
 
 if COMPILER != NUMBA_CUDA_MLIR and simulator_on():
-    from . import simulator
+    from moonvit_kernels.tools import simulator
 
     simulator.install()  # the same results, about 4x sooner (simulator.py says how)
 

@@ -3,7 +3,7 @@ accumulator element.
 
 - `swizzle_layout(swizzle, span)`: for an 8-row atom of `span`-byte rows, the chunk position that
   logical chunk j of row r is stored at, read off an address function (the emulator's model of the
-  hardware, `cuda_backend.emulation.hopper.swizzle`, or any other with its signature).
+  hardware, `tools.emulation.hopper.swizzle`, or any other with its signature).
 - `plot_swizzle(layouts)`: one panel per layout, the physical rows of shared memory with each slot
   coloured and labelled by the logical chunk it holds; the x axis names the 4 banks of each slot.
 - `accumulator_owners(registers)` / `plot_accumulator_owners`: which thread and register of a warpgroup

@@ -41,8 +41,8 @@ def prediction_rows(
     from types import SimpleNamespace
 
     from moonvit_kernels import registry
-    from moonvit_kernels.xray import calibration, catalogue, roofline
-    from moonvit_kernels.xray.arch import GPUS
+    from moonvit_kernels.tools.xray import calibration, catalogue, roofline
+    from moonvit_kernels.tools.xray.arch import GPUS
 
     listed = registry.notebook_kernels(stage)  # the registry entries whose `notebook` is this one
     if not listed:

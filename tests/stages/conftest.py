@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="class")
 def k(request):
     if request.node.get_closest_marker("emulator") is not None:
-        from moonvit_kernels.cuda_backend import emulation
+        from moonvit_kernels.tools import emulation
 
         emulation.library()  # built once, cached per user by source hash (private_dirs)
         return emulation

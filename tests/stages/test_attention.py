@@ -19,8 +19,8 @@ from tiers import EMULATOR, GPU_GRID, GPU_L, K3, gpu_rand
 from moonvit_kernels import reference as ref
 from moonvit_kernels.numba_backend import attention as attn
 from moonvit_kernels.numba_backend.launch import cu_seqlens_table
-from moonvit_kernels.xray import counters
-from moonvit_kernels.xray.sass import nvdisasm_path
+from moonvit_kernels.tools.xray import counters
+from moonvit_kernels.tools.xray.sass import nvdisasm_path
 
 # ============================================================================
 # reference: against the second formulations in tests/formulations.py

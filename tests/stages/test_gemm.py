@@ -23,9 +23,9 @@ from moonvit_kernels.config import VisionConfig
 from moonvit_kernels.cuda_backend.sources import EPILOGUES
 from moonvit_kernels.numba_backend import gemm as G
 from moonvit_kernels.numba_backend import launch
+from moonvit_kernels.tools.xray import counters
+from moonvit_kernels.tools.xray.sass import nvdisasm_path
 from moonvit_kernels.weights import random_weights
-from moonvit_kernels.xray import counters
-from moonvit_kernels.xray.sass import nvdisasm_path
 
 # ============================================================================
 # reference: against the second formulations in tests/formulations.py

@@ -24,10 +24,11 @@ from helpers import assert_close
 from tiers import EMULATOR, GPU_GRID, GPU_L, K3, gpu_rand
 
 from moonvit_kernels import reference as ref
-from moonvit_kernels.numba_backend import compile_check, launch
+from moonvit_kernels.numba_backend import launch
 from moonvit_kernels.numba_backend import rope as R
 from moonvit_kernels.numba_backend.launch import cu_seqlens_table, grid_table
-from moonvit_kernels.xray import sass
+from moonvit_kernels.tools import compile_check
+from moonvit_kernels.tools.xray import sass
 
 # ============================================================================
 # reference: against the second formulations in tests/formulations.py
@@ -222,8 +223,8 @@ class TestNumba:
         script = textwrap.dedent(
             """
             import json
-            from moonvit_kernels.numba_backend.compile_check import build_cubins
-            from moonvit_kernels.xray.sass import disassemble
+            from moonvit_kernels.tools.compile_check import build_cubins
+            from moonvit_kernels.tools.xray.sass import disassemble
             ((label, cubin, report),) = build_cubins((9, 0), ["moonvit_kernels.numba_backend.rope"])
             fn = max(disassemble(cubin), key=lambda f: len(f.instructions))
             loops = [(lp.size, dict(lp.mix)) for lp in fn.innermost if lp.mix["bar"]]

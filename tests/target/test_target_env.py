@@ -52,7 +52,7 @@ def test_the_venv_holds_the_images_packages_and_nothing_else():
 
 def test_the_package_and_gpu_check_import():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    code = "import moonvit_kernels, moonvit_kernels.gpu_check.run, moonvit_kernels.reference; print('ok')"
+    code = "import moonvit_kernels, moonvit_kernels.tools.gpu_check.run, moonvit_kernels.reference; print('ok')"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
 
@@ -60,7 +60,7 @@ def test_the_package_and_gpu_check_import():
 def test_gpu_check_without_a_gpu_says_so_and_writes_nothing_wrong(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run(
-        [sys.executable, "-m", "moonvit_kernels.gpu_check", "--out", str(tmp_path / "out")],
+        [sys.executable, "-m", "moonvit_kernels.tools.gpu_check", "--out", str(tmp_path / "out")],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
@@ -73,7 +73,7 @@ def simulate_quick(tmp_path: Path, toolchain: str, *only: str) -> tuple[subproce
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MOONVIT_GPU_TOOLCHAIN": toolchain, "MOONVIT_COMPILE_CACHE": "off"}
     out = tmp_path / "out"
     r = subprocess.run(
-        [sys.executable, "-m", "moonvit_kernels.gpu_check", "--simulate", "--quick", *only, "--out", str(out)],
+        [sys.executable, "-m", "moonvit_kernels.tools.gpu_check", "--simulate", "--quick", *only, "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=580, cwd=tmp_path,
     )  # fmt: skip
     return r, out, (out / "report.md").read_text() if (out / "report.md").is_file() else ""
@@ -144,8 +144,8 @@ class TestCudaCCompiles:
         to the same shared options): every instantiation of the catalogue for `arch`, no spills."""
         from cuda.bindings import nvrtc
 
-        from moonvit_kernels.cuda_backend import nvrtc_check
         from moonvit_kernels.cuda_backend import sources as kcuda
+        from moonvit_kernels.tools import nvrtc_check
 
         err, major, minor = nvrtc.nvrtcVersion()
         assert (major, minor) == (13, 0), f"the target tier pins NVRTC 13.0 (driver 580), found {major}.{minor}"
@@ -164,7 +164,7 @@ class TestCudaCCompiles:
 
 def test_tensor_maps_reach_the_driver_or_say_it_is_absent():
     from moonvit_kernels.cuda_backend import tensor_maps
-    from moonvit_kernels.cuda_backend.emulation import compiler, device, hopper
+    from moonvit_kernels.tools.emulation import compiler, device, hopper
 
     m = tensor_maps.gemm_operand_map(300, 72)
     try:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from moonvit_kernels.numba_backend.compile_check import KernelReport, format_table, parse_arch, register_table_problems
 from moonvit_kernels.numba_backend.compilers import NUMBA_CUDA, NUMBA_CUDA_MLIR, installed, version
+from moonvit_kernels.tools.compile_check import KernelReport, format_table, parse_arch, register_table_problems
 
 pytestmark = pytest.mark.target
 
@@ -49,7 +49,7 @@ def _last_json(r: subprocess.CompletedProcess) -> object:
 
 
 def _nvdisasm() -> bool:
-    from moonvit_kernels.xray.sass import nvdisasm_path
+    from moonvit_kernels.tools.xray.sass import nvdisasm_path
 
     return nvdisasm_path() is not None
 
@@ -60,7 +60,7 @@ def reports() -> dict[str, list[KernelReport]]:
     out = {}
     for arch in ARCHES:
         args = ["--arch", arch, "--compiler", "each", "--json", *(["--sass"] if _nvdisasm() else [])]
-        r = _python(f"from moonvit_kernels.numba_backend.compile_check import main; main({args!r})", timeout=900)
+        r = _python(f"from moonvit_kernels.tools.compile_check import main; main({args!r})", timeout=900)
         try:
             out[arch] = [KernelReport.from_dict(d) for d in json.loads(r.stdout)]
         except json.JSONDecodeError:
