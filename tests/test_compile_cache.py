@@ -38,16 +38,17 @@ def test_entries_round_trip_and_a_damaged_one_is_a_miss(cache, monkeypatch):
 
 def test_nvrtc_compiles_once_per_text_names_arch_and_options(cache, monkeypatch):
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
+    from moonvit_kernels.cuda_backend import nvrtc
     from moonvit_kernels.tools import nvrtc_check
 
-    real = nvrtc_check._compile_text
+    real = nvrtc._compile_text
     calls = []
 
     def counted(*args):
         calls.append(args[3])
         return real(*args)
 
-    monkeypatch.setattr(nvrtc_check, "_compile_text", counted)
+    monkeypatch.setattr(nvrtc, "_compile_text", counted)
     src = 'extern "C" __global__ void k(float* p, int n) { if (threadIdx.x < n) p[threadIdx.x] *= 2.0f; }'
     first = nvrtc_check.compile_text(src, "k.cu", ["k"], "sm_90")
     again = nvrtc_check.compile_text(src, "k.cu", ["k"], "sm_90")

@@ -1,5 +1,6 @@
-"""Borders between the package's modules: no import cycles (lazy imports inside functions included), every
-package folder a real package, `weights` never reaching for `hub`, and "is this path remote" decided in one place."""
+"""Borders between the package's modules: no import cycles (lazy imports inside functions included), the lesson
+apart from the tools, every package folder a real package, `weights` never reaching for `hub`, and "is this path
+remote" decided in one place."""
 
 import ast
 from pathlib import Path
@@ -143,6 +144,80 @@ def test_the_cycle_finder_sees_lazy_relative_and_deep_cycles(tmp_path):
     assert cycles(import_graph(pkg)) == []
 
 
+# ============================================================================ the lesson and the tools
+TOOLS = "moonvit_kernels.tools"
+# Where the lesson (everything outside moonvit_kernels/tools) may import a tool: a notebook teaches that tool there.
+# Keys and values are module prefixes; each line says which notebook teaches it.
+TAUGHT_TOOLS = {
+    # the exercise checker runs a learner's kernel on the CPU stand-ins, contained in a child (notebooks 00-08)
+    "moonvit_kernels.exercises": ("tools.contained", "tools.emulation", "tools.simulator", "tools.xray"),
+    # with the simulator on, numba's cuda gets the simulator's stand-ins (notebook 00: what the simulator is)
+    "moonvit_kernels.numba_backend._cuda": ("tools.simulator",),
+    # the prediction tables of notebooks 00, 01, 03, 06 and 09 are the X-ray's (notebook 07 teaches it)
+    "moonvit_kernels.plots.prediction": ("tools.xray",),
+}
+ALIASES = {"moonvit_kernels.gpu_check"}  # `python -m moonvit_kernels.gpu_check`, the short name of the tool
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def border_crossings(graph: dict[str, set[str]], taught: dict[str, tuple[str, ...]], tools: str) -> list[str]:
+    """ "lesson module -> tool module" for every import from outside `tools` into it that `taught` does not
+    allow (`taught`: lesson prefix -> tool prefixes relative to the package, e.g. "tools.xray")."""
+    root = tools.split(".")[0]
+    found = []
+    for module, targets in sorted(graph.items()):
+        if _under(module, tools) or module in ALIASES:
+            continue
+        allowed = [f"{root}.{t}" for prefix, ts in taught.items() if _under(module, prefix) for t in ts]
+        for target in sorted(targets):
+            if target != tools and _under(target, tools) and not any(_under(target, a) for a in allowed):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_the_lesson_imports_a_tool_only_where_a_notebook_teaches_it():
+    graph = import_graph(PACKAGE)
+    assert border_crossings(graph, TAUGHT_TOOLS, TOOLS) == []
+    tool_modules = [m for m in graph if _under(m, TOOLS)]
+    assert {f"{TOOLS}.emulation", f"{TOOLS}.xray", f"{TOOLS}.gpu_check", f"{TOOLS}.compile_check"} <= set(tool_modules)
+
+
+def test_every_backend_module_serves_the_lesson():
+    """A learner opening numba_backend/ or cuda_backend/ sees kernels, launchers and what runs them: no module
+    there is used by the tools alone (own_kernels is an entry point: notebook 06 imports it)."""
+    graph = import_graph(PACKAGE)
+    used_by_lesson = {t for m, ts in graph.items() if not _under(m, TOOLS) for t in ts if t != m}
+    backends = [m for m in graph if m.split(".")[1:2] in (["numba_backend"], ["cuda_backend"]) and m.count(".") > 1]
+    assert [m for m in backends if m not in used_by_lesson and not m.endswith(".own_kernels")] == []
+
+
+def test_the_border_check_sees_a_crossing(tmp_path):
+    pkg = _write(
+        tmp_path / "pkg",
+        {
+            "__init__.py": "",
+            "kernels.py": "def f():\n    from pkg.tools import emulator  # lazy\n",
+            "exercises.py": "from pkg.tools.emulator import run\n",
+            "plots.py": "from .tools import xray\n",
+            "tools/__init__.py": "",
+            "tools/emulator.py": "import pkg.kernels\n",
+            "tools/xray.py": "",
+        },
+    )
+    graph = import_graph(pkg)
+    taught = {"pkg.exercises": ("tools.emulator",)}
+    assert border_crossings(graph, taught, "pkg.tools") == [
+        "pkg.kernels -> pkg.tools.emulator",
+        "pkg.plots -> pkg.tools.xray",
+    ]
+    assert (
+        border_crossings(graph, {**taught, "pkg.kernels": ("tools",), "pkg.plots": ("tools.xray",)}, "pkg.tools") == []
+    )
+
+
 def package_folders(package: Path) -> list[Path]:
     """Every folder under `package` (itself included) that holds Python files."""
     return sorted({p.parent for p in package.rglob("*.py") if "__pycache__" not in p.parts})
@@ -150,7 +225,7 @@ def package_folders(package: Path) -> list[Path]:
 
 def test_every_package_folder_has_an_init():
     folders = package_folders(PACKAGE)
-    assert PACKAGE / "cuda_backend" / "emulation" in folders
+    assert PACKAGE / "tools" / "emulation" in folders
     assert [f for f in folders if not (f / "__init__.py").is_file()] == []
 
 

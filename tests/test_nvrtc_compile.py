@@ -9,10 +9,11 @@ the head dims the configs use (K3: 128, tiny: 24), one more, and MAX_HEAD_DIM.
 
 import pytest
 
-nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
+pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (numba-cuda[cu13]) not installed")
 
 from moonvit_kernels import registry
 from moonvit_kernels.config import VisionConfig
+from moonvit_kernels.cuda_backend import nvrtc as runtime_nvrtc
 from moonvit_kernels.cuda_backend import sources as kcuda
 from moonvit_kernels.tools import nvrtc_check
 
@@ -233,14 +234,14 @@ def test_compile_check_uses_the_launchers_options_with_ftz():
 def test_ftz_changes_the_binary_and_cupys_second_ftz_is_harmless(monkeypatch):
     """-ftz=true builds another binary (flushing multiply) and NVRTC accepts it twice, as CuPy passes it."""
     src = 'extern "C" __global__ void k(float* p) { p[0] = p[1] * p[2] + p[3] / p[4]; }'
-    with_ftz, _, _ = nvrtc_check.compile_text(src, "ftz.cu", ["k"], "sm_90")
-    base = nvrtc_check.nvrtc_options
-    monkeypatch.setattr(nvrtc_check, "nvrtc_options", lambda arch, strict=True: [*base(arch, strict), "-ftz=true"])
-    twice, _, _ = nvrtc_check.compile_text(src, "ftz.cu", ["k"], "sm_90")
+    with_ftz, _, _ = runtime_nvrtc.compile_text(src, "ftz.cu", ["k"], "sm_90")
+    base = runtime_nvrtc.nvrtc_options
+    monkeypatch.setattr(runtime_nvrtc, "nvrtc_options", lambda arch, strict=True: [*base(arch, strict), "-ftz=true"])
+    twice, _, _ = runtime_nvrtc.compile_text(src, "ftz.cu", ["k"], "sm_90")
     monkeypatch.setattr(
-        nvrtc_check, "nvrtc_options", lambda arch, strict=True: [o for o in base(arch, strict) if o != "-ftz=true"]
+        runtime_nvrtc, "nvrtc_options", lambda arch, strict=True: [o for o in base(arch, strict) if o != "-ftz=true"]
     )
-    without, _, _ = nvrtc_check.compile_text(src, "ftz.cu", ["k"], "sm_90")
+    without, _, _ = runtime_nvrtc.compile_text(src, "ftz.cu", ["k"], "sm_90")
     assert twice == with_ftz
     assert without != with_ftz
 

@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 
 from moonvit_kernels import registry
-from moonvit_kernels.cuda_backend import launchers, nvrtc, tensor_maps
+from moonvit_kernels.cuda_backend import launchers, nvrtc, rehearsal, tensor_maps
 from moonvit_kernels.cuda_backend import sources as kcuda
-from moonvit_kernels.tools import rehearsal
 
 GEMM_SOURCE, ATTENTION_SOURCE = "gemm_bf16_sm90.cu", "flash_attn_sm90.cu"
 GEMM_THREADS, ATTENTION_THREADS = 384, 256

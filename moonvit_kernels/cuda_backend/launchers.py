@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from moonvit_kernels import packing, registry
+from moonvit_kernels.cuda_backend import rehearsal
 from moonvit_kernels.cuda_backend import sources as kcuda
-from moonvit_kernels.tools import rehearsal
 
 FLOAT32 = "float32"
 BFLOAT16 = "bfloat16"

@@ -5,7 +5,6 @@ plots, exercises) lives outside this package and imports it only where a noteboo
 - `emulation/`: the CPU emulator of the CUDA C kernels (a device with CuPy's interface the launchers run on);
 - `simulator.py`: what numba's CUDA simulator lacks (shared arrays filled with NaN, warp rules, thread order);
 - `compile_check.py`, `nvrtc_check.py`: the compile tier (registers, spills, shared memory, SASS budgets);
-- `rehearsal.py`: the GPU builds rehearsed on the emulated device (`gpu_check --simulate`);
 - `xray/`: the kernel X-ray without a GPU (traces, SASS, rooflines);
 - `gpu_check/`: the one-command report on a GPU (`python -m moonvit_kernels.gpu_check`);
 - `contained.py`: untrusted kernel code run in a forked child (the exercise checker, gpu_check).

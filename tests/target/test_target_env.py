@@ -60,7 +60,7 @@ def test_the_package_and_gpu_check_import():
 def test_gpu_check_without_a_gpu_says_so_and_writes_nothing_wrong(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run(
-        [sys.executable, "-m", "moonvit_kernels.tools.gpu_check", "--out", str(tmp_path / "out")],
+        [sys.executable, "-m", "moonvit_kernels.gpu_check", "--out", str(tmp_path / "out")],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
@@ -73,7 +73,7 @@ def simulate_quick(tmp_path: Path, toolchain: str, *only: str) -> tuple[subproce
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MOONVIT_GPU_TOOLCHAIN": toolchain, "MOONVIT_COMPILE_CACHE": "off"}
     out = tmp_path / "out"
     r = subprocess.run(
-        [sys.executable, "-m", "moonvit_kernels.tools.gpu_check", "--simulate", "--quick", *only, "--out", str(out)],
+        [sys.executable, "-m", "moonvit_kernels.gpu_check", "--simulate", "--quick", *only, "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=580, cwd=tmp_path,
     )  # fmt: skip
     return r, out, (out / "report.md").read_text() if (out / "report.md").is_file() else ""

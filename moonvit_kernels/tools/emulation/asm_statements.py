@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-BACKEND_DIR = Path(__file__).resolve().parents[1]
+BACKEND_DIR = Path(__file__).resolve().parents[2] / "cuda_backend"
 EMULATION_DIR = Path(__file__).resolve().parent
 
 Operand = tuple[str, str]  # (constraint, expression), whitespace normalised

@@ -249,7 +249,7 @@ def build_module(code: str, names: tuple[str, ...], hopper: bool = False) -> cty
     files = {
         main: for_emulator(code) + '\n#include "launch_entry.h"\n' + registry_source(names, hopper),
     }
-    kernel_dir = HERE.parent
+    kernel_dir = HERE.parents[1] / "cuda_backend"  # the kernels' own headers (sm90.cuh, common.cuh)
     lib_path = build_library(
         files,
         main,

@@ -49,7 +49,7 @@ class BinaryRecorder:
                 continue
             self._wrap(module, "_kernel", self._keep_kernel(short))
         try:
-            from moonvit_kernels.cuda_backend import nvrtc_check
+            from moonvit_kernels.tools import nvrtc_check
 
             self._wrap(nvrtc_check, "compile_text", self._keep_log)
         except Exception as e:

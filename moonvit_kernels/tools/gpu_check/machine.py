@@ -111,7 +111,7 @@ def detect_gpu(timeout_s: float = 90.0) -> tuple[str | None, str]:
     import sys
 
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
     code = "from moonvit_kernels.tools.gpu_check.machine import gpu_present; print(repr(gpu_present()))"
     try:

@@ -243,7 +243,7 @@ def numba_build_item(sink: Any) -> None:
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
     r = subprocess.run(
         [sys.executable, "-m", "moonvit_kernels.tools.gpu_check.numba_build"], env=env, capture_output=True, text=True

@@ -27,7 +27,7 @@ SUMMARY = re.compile(r"^=+ (.*?) in [\d.]+s.* =+$", re.MULTILINE)
 
 def source_root() -> Path:
     """The folder that holds the package and `tests/` (a source tree)."""
-    return Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[3]
 
 
 def count_outcomes(log: str) -> dict[str, int]:

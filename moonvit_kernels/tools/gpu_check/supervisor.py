@@ -100,7 +100,7 @@ class Supervisor:
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
         env["PYTHONUNBUFFERED"] = "1"
         if self.plan.simulate:

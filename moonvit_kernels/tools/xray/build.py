@@ -24,7 +24,7 @@ from pathlib import Path
 
 from moonvit_kernels.tools.xray.cubin import kernel_resources
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = Path(__file__).resolve().parents[2]
 BACKENDS = ("numba", "cuda")
 _ARCH_CC = {"sm_80": (8, 0), "sm_86": (8, 6), "sm_89": (8, 9), "sm_90": (9, 0)}
 HOPPER_ARCH = "sm_90a"
@@ -57,11 +57,12 @@ def sources_digest(backend: str, extra: str = "") -> str:
     the NVRTC tier), of the kernel registry, of this module and of the tool versions."""
     h = hashlib.sha256(extra.encode())
     if backend == "numba":
-        files = sorted((PACKAGE_DIR / "numba_backend").glob("*.py"))
+        files = sorted((PACKAGE_DIR / "numba_backend").glob("*.py")) + [PACKAGE_DIR / "tools" / "compile_check.py"]
     else:
         files = sorted(p for p in (PACKAGE_DIR / "cuda_backend").iterdir() if p.suffix in (".cu", ".cuh")) + [
             PACKAGE_DIR / "cuda_backend" / "sources.py",
-            PACKAGE_DIR / "cuda_backend" / "nvrtc_check.py",
+            PACKAGE_DIR / "cuda_backend" / "nvrtc.py",
+            PACKAGE_DIR / "tools" / "nvrtc_check.py",
         ]
     files.append(PACKAGE_DIR / "registry.py")  # what is built, with which bounds
     for path in [*files, Path(__file__)]:
@@ -98,7 +99,7 @@ def _resources(cubin: bytes, arch: str) -> dict[str, int]:
 
 # ============================================================================ numba (subprocess side)
 def _build_numba_into(arch: str, out: Path) -> None:
-    from moonvit_kernels.numba_backend import compile_check
+    from moonvit_kernels.tools import compile_check
 
     out.mkdir(parents=True, exist_ok=True)
     index = []
@@ -126,7 +127,7 @@ def _build_numba_into(arch: str, out: Path) -> None:
 
 
 def _build_cuda_into(arch: str, out: Path, head_dims: tuple[int, ...]) -> None:
-    from moonvit_kernels.cuda_backend import nvrtc_check
+    from moonvit_kernels.tools import nvrtc_check
 
     out.mkdir(parents=True, exist_ok=True)
     index = []
@@ -197,7 +198,7 @@ def _build_selected_into(arch: str, out: Path, request: dict) -> None:
     import importlib.util
 
     from moonvit_kernels import registry
-    from moonvit_kernels.numba_backend import compile_check
+    from moonvit_kernels.tools import compile_check
 
     wanted_labels = set(request.get("labels", ()))
     todo = [
