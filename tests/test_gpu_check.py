@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,6 +30,7 @@ from moonvit_kernels.tools.gpu_check import plan as plan_mod
 from moonvit_kernels.tools.gpu_check import run as run_mod
 from moonvit_kernels.tools.gpu_check import sections as sections_mod
 from moonvit_kernels.tools.gpu_check.events import EventWriter, read_events
+from moonvit_kernels.tools.gpu_check.model import xray_bound
 from moonvit_kernels.tools.gpu_check.plan import Unit, make_plan, parse_sections, units_for
 from moonvit_kernels.tools.gpu_check.report import CSV_FIELDS, Report
 from moonvit_kernels.tools.gpu_check.suite import count_outcomes, tier_status
@@ -676,6 +679,47 @@ def test_hopper_rows_only_on_sm90_and_only_where_the_tensor_maps_fit():
         n for n, _ in kernels_mod.hopper_cases(Fake, VisionConfig.k3(), np.array([[1, 4, 4]]), ("patch_embed", "qkv"))
     ]
     assert names == ["hopper gemm bn128 qkv", "hopper gemm bn256 qkv", "hopper attention"]  # patch K = 588: no TMA
+
+
+def _case_infos(plan) -> dict[tuple, kernels_mod.Info]:
+    """(item, backend, shape, tokens) -> report fields of every kernel case `plan` times (nothing is built)."""
+    fake = type("Fake", (), {"array_module": staticmethod(lambda: np), "gemm": None, "attention": None})
+    c, infos = plan.kernel_config, {}
+    for g in plan.kernel_grids:
+        grid = np.array([g])
+        for cases in (
+            kernels_mod.numba_cases(c, grid, plan.numba_gemm_shapes, plan.v1_threads, plan.numba_gemm_versions,
+                                    plan.numba_attention_versions),
+            kernels_mod.cuda_cases(fake, c, grid, plan.cuda_gemm_shapes),
+            kernels_mod.hopper_cases(fake, c, grid, plan.hopper_gemm_shapes, plan.hopper_block_ns),
+        ):  # fmt: skip
+            infos.update({(i.item, i.backend, i.shape, i.tokens): i for i in (case.info for _, case in cases)})
+    return infos
+
+
+def _evaluated(formula: str) -> float:
+    """The number a work formula such as `2·1024·2·1536·2+1024·16 B` or `4·1024²·1536` writes out."""
+    text = formula.removesuffix(" B").replace("·", "*").replace("²", "**2")
+    assert re.fullmatch(r"[0-9*+()]+", text), formula
+    return float(eval(text))
+
+
+@pytest.mark.parametrize("run, quick", [("H200-2026-12-04-full", False), ("H200-2026-12-04-quick", True)])
+def test_kernel_cases_count_the_work_the_h200_runs_counted(run, quick):
+    """Every kernel row a committed H200 run measured is still timed, under the same item, dtype, shape and unit,
+    with the same work (FLOPs or bytes, which the cases take from launch_model at their sizes) and the same X-ray
+    bound, so that runs compare; each case's formula writes out its work."""
+    rows = [json.loads(line) for line in (ROOT / "benchmarks" / "results" / run / "results.jsonl").open()]
+    measured = [r["values"] for r in rows if r["ev"] == "row" and r["section"] == "kernels"]
+    infos = _case_infos(plan_mod.make_plan(simulate=False, quick=quick))
+    assert len(measured) > 30
+    for row in measured:
+        info = infos[row["item"], row["backend"], row["shape"], row["tokens"]]
+        assert (info.dtype, info.unit, info.work) == (row["dtype"], row["unit"], row["work"]), row["item"]
+        bound = xray_bound(info.model, info.backend, row["where"])
+        assert bound["model"] == row["model"] and bound["model_ms"] == pytest.approx(row["model_ms"], rel=1e-12)
+    for info in infos.values():
+        assert _evaluated(info.formula) == info.work, info.item
 
 
 def test_bench_wrappers_forward_their_options(monkeypatch):
