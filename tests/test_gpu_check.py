@@ -35,7 +35,7 @@ from moonvit_kernels.tools.gpu_check.plan import Unit, make_plan, parse_sections
 from moonvit_kernels.tools.gpu_check.report import CSV_FIELDS, Report
 from moonvit_kernels.tools.gpu_check.suite import count_outcomes, tier_status
 from moonvit_kernels.tools.gpu_check.supervisor import Supervisor
-from moonvit_kernels.tools.gpu_check.timing import KernelTiming, measure_kernel, percentile
+from moonvit_kernels.tools.gpu_check.timing import KernelTiming, TorchClock, measure_kernel, percentile
 from moonvit_kernels.tools.gpu_check.tower import stage_times, tower_flops, truncated_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -482,6 +482,36 @@ def test_measure_kernel_counts_calls_per_window_flushes_and_launch_gaps():
     slow = ScriptedClock(call_s=0.2, flush_s=1e-4, lag=100)  # 0.2 s a call, 1 s per measurement
     t = measure_kernel(slow.run, slow, repeats=10, warmup=0, inner=20, cold_repeats=10, max_seconds=1.0)
     assert (t.inner, t.warm.runs, t.cold.runs) == (1, 3, 3) and t.warm.median == pytest.approx(0.2)
+
+
+def test_torch_clock_reads_its_events():
+    """TorchClock (torch's CUDA events, here a stand-in torch): a mark is a recorded event, seconds wait for the
+    later one and convert its milliseconds, pending asks the event."""
+
+    class Event:
+        made: list = []
+
+        def __init__(self, enable_timing: bool):
+            self.recorded = self.waited = False
+            self.made.append(self)
+
+        def record(self):
+            self.recorded = True
+
+        def synchronize(self):
+            self.waited = True
+
+        def query(self):
+            return self.waited
+
+        def elapsed_time(self, other):
+            return 2.5
+
+    fake_torch = type("torch", (), {"cuda": type("cuda", (), {"Event": Event})})
+    clock = TorchClock(fake_torch)
+    a, b = clock.mark(), clock.mark()
+    assert Event.made == [a, b] and a.recorded and b.recorded and clock.pending(b)
+    assert clock.seconds(a, b) == pytest.approx(2.5e-3) and b.waited and not clock.pending(b)
 
 
 def test_percentiles_interpolate():
