@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from compile_tier import run_without_simulator
+from compile_tier import numba_reports, run_without_simulator
 
 from moonvit_kernels import registry
 from moonvit_kernels.numba_backend import gemm
@@ -24,7 +24,6 @@ from moonvit_kernels.tools.compile_check import (
     parse_ptxas_log,
     register_table_problems,
 )
-from moonvit_kernels.tools.xray.sass import nvdisasm_path
 
 pytestmark = pytest.mark.compile
 
@@ -34,14 +33,7 @@ def reports() -> list[KernelReport]:
     """The one numba kernel outside the stages (the device input check) with every installed compiler, for sm_90,
     with the SASS budgets where nvdisasm is installed; each stage's kernels are built by its stage file
     (tests/stages/test_<stage>.py, class TestCompile, through tests/compile_tier.py)."""
-    sass = ["--sass"] if nvdisasm_path() else []
-    args = ["-m", "moonvit_kernels.tools.compile_check", "--json", "--module", "input_check", *sass]
-    r = run_without_simulator(args, timeout=300)
-    try:
-        data = json.loads(r.stdout)
-    except json.JSONDecodeError:
-        pytest.fail(f"compile_check printed no JSON (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    return [KernelReport.from_dict(d) for d in data]
+    return numba_reports("input_check")
 
 
 def test_the_input_check_kernel_compiles_within_limits(reports):
