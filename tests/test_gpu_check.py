@@ -514,6 +514,18 @@ def test_torch_clock_reads_its_events():
     assert clock.seconds(a, b) == pytest.approx(2.5e-3) and b.waited and not clock.pending(b)
 
 
+def test_the_tools_find_the_source_tree():
+    """The pytest tier's test files, the workers' PYTHONPATH and the X-ray's calibration runs are found from the
+    one source-tree root (`tools.SOURCE_ROOT`), wherever the tools' modules sit in the package."""
+    from moonvit_kernels.tools.gpu_check.suite import source_root
+    from moonvit_kernels.tools.xray.calibration import results_files
+
+    assert source_root() == ROOT and all((ROOT / f).exists() for f in make_plan(False, False).test_files)
+    env = Supervisor._env(type("S", (), {"plan": make_plan(True, True)})())  # a worker's environment
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+    assert {p.parent.name for p in results_files()} >= {"H200-2026-12-04-full", "H200-2026-12-04-quick"}
+
+
 def test_percentiles_interpolate():
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([3.0, 1.0, 2.0], 10) == pytest.approx(1.2) and percentile([5.0], 90) == 5.0

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moonvit_kernels.tools import SOURCE_ROOT
 from moonvit_kernels.tools.contained import exit_text
 from moonvit_kernels.tools.gpu_check.events import RESULTS_FILE, read_events
 from moonvit_kernels.tools.gpu_check.report import CRASH, ERRORS_FILE, SKIP, TIMEOUT, Report
@@ -91,8 +92,7 @@ class Supervisor:
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SOURCE_ROOT), env.get("PYTHONPATH", "")]))
         env["PYTHONUNBUFFERED"] = "1"
         if self.plan.simulate:
             env["NUMBA_ENABLE_CUDASIM"] = "1"
