@@ -1,8 +1,8 @@
 """Build every kernel's cubin per architecture (through the compile tiers) and cache it on disk.
 
-numba kernels: `numba_backend.compile_check.build_cubins(cc)` in a subprocess with the CUDA simulator
+numba kernels: `tools.compile_check.build_cubins(cc)` in a subprocess with the CUDA simulator
 off (numba can only compile for a GPU in a process where the simulator was never on).
-CUDA C kernels: `cuda_backend.nvrtc_check.build_cubins(arch, head_dims)` (NVRTC, in this process); for
+CUDA C kernels: `tools.nvrtc_check.build_cubins(arch, head_dims)` (NVRTC, in this process); for
 sm_90 also the Hopper kernels, built for sm_90a (the code they run on an sm_90 device; their Binary's
 `arch` says sm_90a).
 Each build lands in `<cache>/<backend>.<arch>/` (cubins + `index.json`), keyed by a digest of the
@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from moonvit_kernels.tools import SOURCE_ROOT
 from moonvit_kernels.tools.xray.cubin import kernel_resources
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = SOURCE_ROOT / "moonvit_kernels"
 BACKENDS = ("numba", "cuda")
 _ARCH_CC = {"sm_80": (8, 0), "sm_86": (8, 6), "sm_89": (8, 9), "sm_90": (9, 0)}
 HOPPER_ARCH = "sm_90a"
@@ -61,7 +62,7 @@ def sources_digest(backend: str, extra: str = "") -> str:
     else:
         files = sorted(p for p in (PACKAGE_DIR / "cuda_backend").iterdir() if p.suffix in (".cu", ".cuh")) + [
             PACKAGE_DIR / "cuda_backend" / "sources.py",
-            PACKAGE_DIR / "cuda_backend" / "nvrtc_check.py",
+            PACKAGE_DIR / "tools" / "nvrtc_check.py",
         ]
     files.append(PACKAGE_DIR / "registry.py")  # what is built, with which bounds
     for path in [*files, Path(__file__)]:
@@ -98,7 +99,7 @@ def _resources(cubin: bytes, arch: str) -> dict[str, int]:
 
 # ============================================================================ numba (subprocess side)
 def _build_numba_into(arch: str, out: Path) -> None:
-    from moonvit_kernels.numba_backend import compile_check
+    from moonvit_kernels.tools import compile_check
 
     out.mkdir(parents=True, exist_ok=True)
     index = []
@@ -126,7 +127,7 @@ def _build_numba_into(arch: str, out: Path) -> None:
 
 
 def _build_cuda_into(arch: str, out: Path, head_dims: tuple[int, ...]) -> None:
-    from moonvit_kernels.cuda_backend import nvrtc_check
+    from moonvit_kernels.tools import nvrtc_check
 
     out.mkdir(parents=True, exist_ok=True)
     index = []
@@ -197,7 +198,7 @@ def _build_selected_into(arch: str, out: Path, request: dict) -> None:
     import importlib.util
 
     from moonvit_kernels import registry
-    from moonvit_kernels.numba_backend import compile_check
+    from moonvit_kernels.tools import compile_check
 
     wanted_labels = set(request.get("labels", ()))
     todo = [
