@@ -11,10 +11,10 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from compile_tier import numba_reports, run_without_simulator
+from helpers import row_stack_probe
 
 from moonvit_kernels import registry
 from moonvit_kernels.numba_backend import gemm
@@ -215,9 +215,6 @@ def test_numpy_without_row_stack_compiles_through_the_shim():
     issue 907). Here numpy's attribute is deleted to stand for 2.5 (the target tier runs the real 2.5):
     importing numba-cuda's arrayobj then fails, and `_cuda`'s scoped shim lets a kernel compile and leaves
     numpy without `row_stack`."""
-    probe = str(Path(__file__).with_name("row_stack_probe.py"))
-    r = run_without_simulator([probe, "--simulate-numpy-2.5"], timeout=120)
-    assert r.returncode == 0, r.stderr[-3000:]
-    unshimmed, compiler, ok, error, row_stack_left = json.loads(r.stdout.strip().splitlines()[-1])
+    unshimmed, compiler, ok, error, row_stack_left = row_stack_probe("--simulate-numpy-2.5", timeout=120)
     assert "has no attribute 'row_stack'" in unshimmed  # the break the shim exists for
     assert compiler == "numba-cuda" and ok and error is None and not row_stack_left
