@@ -1,5 +1,5 @@
-"""Test helpers: random pixels, file-size limits, snapshots; the error measures (closeness with NaN/Inf
-failing, tolerances from CONTRIBUTING.md) are `moonvit_kernels.checks`, re-exported here."""
+"""Test helpers: random pixels, file-size limits, snapshots, the numpy 2.5 shim probe; the error measures
+(closeness with NaN/Inf failing, tolerances from CONTRIBUTING.md) are `moonvit_kernels.checks`, re-exported here."""
 
 from __future__ import annotations
 
@@ -81,3 +81,19 @@ def non_square(rows: int, cols: int) -> tuple[int, int]:
     if rows == cols:
         raise ValueError(f"a {rows}x{cols} grid is square: a transpose or stride bug would pass; use rows != cols")
     return rows, cols
+
+
+def row_stack_probe(*args: str, timeout: float = 300) -> list:
+    """tests/row_stack_probe.py run with `args` in a fresh interpreter, the CUDA simulator off and numba's default
+    compiler: its JSON line [what the unshimmed import said, the compiler, compiled ok, error, np.row_stack left]."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM", "MOONVIT_NUMBA_COMPILER")}
+    probe = Path(__file__).with_name("row_stack_probe.py")
+    r = subprocess.run([sys.executable, str(probe), *args], capture_output=True, text=True, env=env, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])

@@ -1,4 +1,5 @@
-"""The numpy 2.5 shim probe, run as a script with the CUDA simulator off (both tiers run this one file):
+"""The numpy 2.5 shim probe, run as a script with the CUDA simulator off (both tiers run this one file through
+`helpers.row_stack_probe`):
 
     python tests/row_stack_probe.py [--simulate-numpy-2.5]
 

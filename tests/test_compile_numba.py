@@ -11,10 +11,10 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-from compile_tier import run_without_simulator
+from compile_tier import numba_reports, run_without_simulator
+from helpers import row_stack_probe
 
 from moonvit_kernels import registry
 from moonvit_kernels.numba_backend import gemm
@@ -24,7 +24,6 @@ from moonvit_kernels.tools.compile_check import (
     parse_ptxas_log,
     register_table_problems,
 )
-from moonvit_kernels.tools.xray.sass import nvdisasm_path
 
 pytestmark = pytest.mark.compile
 
@@ -34,14 +33,7 @@ def reports() -> list[KernelReport]:
     """The one numba kernel outside the stages (the device input check) with every installed compiler, for sm_90,
     with the SASS budgets where nvdisasm is installed; each stage's kernels are built by its stage file
     (tests/stages/test_<stage>.py, class TestCompile, through tests/compile_tier.py)."""
-    sass = ["--sass"] if nvdisasm_path() else []
-    args = ["-m", "moonvit_kernels.tools.compile_check", "--json", "--module", "input_check", *sass]
-    r = run_without_simulator(args, timeout=300)
-    try:
-        data = json.loads(r.stdout)
-    except json.JSONDecodeError:
-        pytest.fail(f"compile_check printed no JSON (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    return [KernelReport.from_dict(d) for d in data]
+    return numba_reports("input_check")
 
 
 def test_the_input_check_kernel_compiles_within_limits(reports):
@@ -223,9 +215,6 @@ def test_numpy_without_row_stack_compiles_through_the_shim():
     issue 907). Here numpy's attribute is deleted to stand for 2.5 (the target tier runs the real 2.5):
     importing numba-cuda's arrayobj then fails, and `_cuda`'s scoped shim lets a kernel compile and leaves
     numpy without `row_stack`."""
-    probe = str(Path(__file__).with_name("row_stack_probe.py"))
-    r = run_without_simulator([probe, "--simulate-numpy-2.5"], timeout=120)
-    assert r.returncode == 0, r.stderr[-3000:]
-    unshimmed, compiler, ok, error, row_stack_left = json.loads(r.stdout.strip().splitlines()[-1])
+    unshimmed, compiler, ok, error, row_stack_left = row_stack_probe("--simulate-numpy-2.5", timeout=120)
     assert "has no attribute 'row_stack'" in unshimmed  # the break the shim exists for
     assert compiler == "numba-cuda" and ok and error is None and not row_stack_left

@@ -280,20 +280,7 @@ def test_a_shard_made_with_other_settings_is_redone(tmp_path):
     (shard,) = dataset.plan_shards(sources, 4, provenance.digest_json(made_with))
     (other,) = dataset.plan_shards(sources, 4, "settings B")
     assert not dataset.shard_is_done(tmp_path, shard)
-    row = {
-        "index": 0,
-        "id": "img0",
-        "path": "",
-        "width": 5,
-        "height": 6,
-        "t": 1,
-        "h": 2,
-        "w": 2,
-        "num_tokens": 1,
-        "dtype": "float32",
-        "embedding": np.arange(40, dtype=np.float32).tobytes(),
-        "error": "",
-    }
+    row = fake_row(0, "img0")
     dataset.write_shard(tmp_path, shard, [row, {**row, "index": 1, "id": "img1", "error": "bad"}], 40)
     assert dataset.shard_is_done(tmp_path, shard) and not dataset.shard_is_done(tmp_path, other)
     assert json.loads((tmp_path / "shard-00000.errors.jsonl").read_text())["reason"] == "bad"

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,11 +30,12 @@ from moonvit_kernels.tools.gpu_check import plan as plan_mod
 from moonvit_kernels.tools.gpu_check import run as run_mod
 from moonvit_kernels.tools.gpu_check import sections as sections_mod
 from moonvit_kernels.tools.gpu_check.events import EventWriter, read_events
+from moonvit_kernels.tools.gpu_check.model import xray_bound
 from moonvit_kernels.tools.gpu_check.plan import Unit, make_plan, parse_sections, units_for
 from moonvit_kernels.tools.gpu_check.report import CSV_FIELDS, Report
 from moonvit_kernels.tools.gpu_check.suite import count_outcomes, tier_status
 from moonvit_kernels.tools.gpu_check.supervisor import Supervisor
-from moonvit_kernels.tools.gpu_check.timing import KernelTiming, measure_kernel, percentile
+from moonvit_kernels.tools.gpu_check.timing import KernelTiming, TorchClock, measure_kernel, percentile
 from moonvit_kernels.tools.gpu_check.tower import stage_times, tower_flops, truncated_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -481,6 +484,48 @@ def test_measure_kernel_counts_calls_per_window_flushes_and_launch_gaps():
     assert (t.inner, t.warm.runs, t.cold.runs) == (1, 3, 3) and t.warm.median == pytest.approx(0.2)
 
 
+def test_torch_clock_reads_its_events():
+    """TorchClock (torch's CUDA events, here a stand-in torch): a mark is a recorded event, seconds wait for the
+    later one and convert its milliseconds, pending asks the event."""
+
+    class Event:
+        made: list = []
+
+        def __init__(self, enable_timing: bool):
+            self.recorded = self.waited = False
+            self.made.append(self)
+
+        def record(self):
+            self.recorded = True
+
+        def synchronize(self):
+            self.waited = True
+
+        def query(self):
+            return self.waited
+
+        def elapsed_time(self, other):
+            return 2.5
+
+    fake_torch = type("torch", (), {"cuda": type("cuda", (), {"Event": Event})})
+    clock = TorchClock(fake_torch)
+    a, b = clock.mark(), clock.mark()
+    assert Event.made == [a, b] and a.recorded and b.recorded and clock.pending(b)
+    assert clock.seconds(a, b) == pytest.approx(2.5e-3) and b.waited and not clock.pending(b)
+
+
+def test_the_tools_find_the_source_tree():
+    """The pytest tier's test files, the workers' PYTHONPATH and the X-ray's calibration runs are found from the
+    one source-tree root (`tools.SOURCE_ROOT`), wherever the tools' modules sit in the package."""
+    from moonvit_kernels.tools.gpu_check.suite import source_root
+    from moonvit_kernels.tools.xray.calibration import results_files
+
+    assert source_root() == ROOT and all((ROOT / f).exists() for f in make_plan(False, False).test_files)
+    env = Supervisor._env(type("S", (), {"plan": make_plan(True, True)})())  # a worker's environment
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+    assert {p.parent.name for p in results_files()} >= {"H200-2026-12-04-full", "H200-2026-12-04-quick"}
+
+
 def test_percentiles_interpolate():
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([3.0, 1.0, 2.0], 10) == pytest.approx(1.2) and percentile([5.0], 90) == 5.0
@@ -676,6 +721,47 @@ def test_hopper_rows_only_on_sm90_and_only_where_the_tensor_maps_fit():
         n for n, _ in kernels_mod.hopper_cases(Fake, VisionConfig.k3(), np.array([[1, 4, 4]]), ("patch_embed", "qkv"))
     ]
     assert names == ["hopper gemm bn128 qkv", "hopper gemm bn256 qkv", "hopper attention"]  # patch K = 588: no TMA
+
+
+def _case_infos(plan) -> dict[tuple, kernels_mod.Info]:
+    """(item, backend, shape, tokens) -> report fields of every kernel case `plan` times (nothing is built)."""
+    fake = type("Fake", (), {"array_module": staticmethod(lambda: np), "gemm": None, "attention": None})
+    c, infos = plan.kernel_config, {}
+    for g in plan.kernel_grids:
+        grid = np.array([g])
+        for cases in (
+            kernels_mod.numba_cases(c, grid, plan.numba_gemm_shapes, plan.v1_threads, plan.numba_gemm_versions,
+                                    plan.numba_attention_versions),
+            kernels_mod.cuda_cases(fake, c, grid, plan.cuda_gemm_shapes),
+            kernels_mod.hopper_cases(fake, c, grid, plan.hopper_gemm_shapes, plan.hopper_block_ns),
+        ):  # fmt: skip
+            infos.update({(i.item, i.backend, i.shape, i.tokens): i for i in (case.info for _, case in cases)})
+    return infos
+
+
+def _evaluated(formula: str) -> float:
+    """The number a work formula such as `2·1024·2·1536·2+1024·16 B` or `4·1024²·1536` writes out."""
+    text = formula.removesuffix(" B").replace("·", "*").replace("²", "**2")
+    assert re.fullmatch(r"[0-9*+()]+", text), formula
+    return float(eval(text))
+
+
+@pytest.mark.parametrize("run, quick", [("H200-2026-12-04-full", False), ("H200-2026-12-04-quick", True)])
+def test_kernel_cases_count_the_work_the_h200_runs_counted(run, quick):
+    """Every kernel row a committed H200 run measured is still timed, under the same item, dtype, shape and unit,
+    with the same work (FLOPs or bytes, which the cases take from launch_model at their sizes) and the same X-ray
+    bound, so that runs compare; each case's formula writes out its work."""
+    rows = [json.loads(line) for line in (ROOT / "benchmarks" / "results" / run / "results.jsonl").open()]
+    measured = [r["values"] for r in rows if r["ev"] == "row" and r["section"] == "kernels"]
+    infos = _case_infos(plan_mod.make_plan(simulate=False, quick=quick))
+    assert len(measured) > 30
+    for row in measured:
+        info = infos[row["item"], row["backend"], row["shape"], row["tokens"]]
+        assert (info.dtype, info.unit, info.work) == (row["dtype"], row["unit"], row["work"]), row["item"]
+        bound = xray_bound(info.model, info.backend, row["where"])
+        assert bound["model"] == row["model"] and bound["model_ms"] == pytest.approx(row["model_ms"], rel=1e-12)
+    for info in infos.values():
+        assert _evaluated(info.formula) == info.work, info.item
 
 
 def test_bench_wrappers_forward_their_options(monkeypatch):

@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from moonvit_kernels.tools.contained import exit_text
+
 HOPPER_MODULE = "moonvit_kernels.cuda_backend.hopper_launchers"
 DEFAULT_TIMEOUT_S = 180.0  # NVRTC builds of 4 GEMM + 4 attention instantiations (~1 s each here) + the probes
 FAULT_ENV = "MOONVIT_PREFLIGHT_FAULT"
@@ -226,23 +228,12 @@ def _run_subprocess(hopper_module: str, head_dims: Sequence[int], timeout_s: flo
         probes = json.loads(out.strip().splitlines()[-1])
     except (IndexError, ValueError):
         tail = " | ".join((err or out).strip().splitlines()[-3:])[:400]
-        return Verdict(False, f"pre-flight process exited {_exit_text(proc.returncode)}: {tail}", seconds=seconds)
+        return Verdict(False, f"pre-flight process exited with {exit_text(proc.returncode)}: {tail}", seconds=seconds)
     bad = {k: v.get("why") or f"rel err {v.get('error')}" for k, v in probes.items() if not v.get("ok")}
     if bad or proc.returncode != 0:
         why = "pre-flight failed: " + "; ".join(f"{k}: {v}" for k, v in bad.items()) if bad else "no probe result"
         return Verdict(False, why, probes, seconds)
     return Verdict(True, "", probes, seconds)
-
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        import signal
-
-        try:
-            return f"with signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"with signal {-code}"
-    return f"with status {code}"
 
 
 def sources_digest() -> str:

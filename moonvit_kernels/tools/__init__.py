@@ -9,3 +9,7 @@ plots, exercises) lives outside this package and imports it only where a noteboo
 - `gpu_check/`: the one-command report on a GPU (`python -m moonvit_kernels.gpu_check`);
 - `contained.py`: untrusted kernel code run in a forked child (the exercise checker, gpu_check).
 """
+
+from pathlib import Path
+
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # a source tree: the folder of moonvit_kernels/, tests/, benchmarks/

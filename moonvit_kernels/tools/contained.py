@@ -69,6 +69,15 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def exit_text(returncode: int) -> str:
+    """How a child process ended, from its return code: 'signal SIGABRT' (negative: killed by that signal),
+    else 'exit status N'."""
+    if returncode >= 0:
+        return f"exit status {returncode}"
+    name = signal_name(-returncode)
+    return name if name.startswith("signal ") else f"signal {name}"
+
+
 def run(fn: Callable[[], Any], *, time_limit: float, what: str = "the call") -> Any:
     """`fn()` in a forked child with `time_limit` seconds; its result, or its exception re-raised here."""
     limit = check_time_limit(time_limit)

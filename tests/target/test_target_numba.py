@@ -20,9 +20,9 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from helpers import row_stack_probe
 
 from moonvit_kernels.numba_backend.compilers import NUMBA_CUDA, NUMBA_CUDA_MLIR, installed, version
 from moonvit_kernels.tools.compile_check import KernelReport, format_table, parse_arch, register_table_problems
@@ -95,8 +95,7 @@ def test_numba_cuda_compiles_on_numpy_25_through_the_row_stack_shim():
 
     if tuple(int(p) for p in np.__version__.split(".")[:2]) < (2, 5):
         pytest.skip(f"numpy {np.__version__} still has row_stack (the main suite simulates numpy 2.5)")
-    probe = Path(__file__).resolve().parents[1] / "row_stack_probe.py"
-    unshimmed, _, ok, error, row_stack_left = _last_json(_python(probe.read_text()))
+    unshimmed, _, ok, error, row_stack_left = row_stack_probe()
     assert "row_stack" in unshimmed, (
         f"numba-cuda {version(NUMBA_CUDA)} imports its arrayobj on numpy 2.5 without the shim ({unshimmed}): "
         "remove import_numba_cuda_arrayobj from numba_backend/_cuda.py"

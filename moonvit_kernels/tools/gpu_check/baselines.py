@@ -82,10 +82,16 @@ class Baselines:
         return self.cache[key]
 
     # ------------------------------------------------------------------ GEMMs
+    def _host_gemm(self, M: int, N: int, K: int) -> tuple[str, Callable, Any]:
+        """The --simulate baseline of either GEMM: NumPy's fp32 A[M, K]·B[N, K]ᵀ on the host clock."""
+        rng = np.random.default_rng(10)
+        a = rng.standard_normal((M, K)).astype(np.float32)
+        b = (rng.standard_normal((N, K)) / math.sqrt(K)).astype(np.float32)
+        return "NumPy matmul fp32 (CPU)", lambda: a @ b.T, self.host_clock
+
     def _gemm_fp32(self, M: int, N: int, K: int) -> tuple[str, Callable | None, Any]:
         if self.simulate:
-            a, b = _host_operands(M, N, K)
-            return "NumPy matmul fp32 (CPU)", lambda: a @ b.T, self.host_clock
+            return self._host_gemm(M, N, K)
         if self.cupy is not None:
             cp = self.cupy
             rng = cp.random.default_rng(11)
@@ -102,8 +108,7 @@ class Baselines:
 
     def _gemm_bf16(self, M: int, N: int, K: int) -> tuple[str, Callable | None, Any]:
         if self.simulate:
-            a, b = _host_operands(M, N, K)
-            return "NumPy matmul fp32 (CPU)", lambda: a @ b.T, self.host_clock
+            return self._host_gemm(M, N, K)
         if self.torch is not None:
             torch = self.torch
             a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -184,10 +189,3 @@ class Baselines:
             dst = cuda.device_array_like(src)
             return "device-to-device copy (numba)", lambda: dst.copy_to_device(src), self.clock(NumbaClock)
         return "no copy baseline", None, None
-
-
-def _host_operands(M: int, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(10)
-    a = rng.standard_normal((M, K)).astype(np.float32)
-    b = (rng.standard_normal((N, K)) / math.sqrt(K)).astype(np.float32)
-    return a, b

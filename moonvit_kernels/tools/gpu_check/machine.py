@@ -21,6 +21,8 @@ import shutil
 import subprocess
 from typing import Any
 
+from moonvit_kernels.tools import SOURCE_ROOT
+
 OPTIONAL = (  # (module, distribution)
     ("numba", "numba"),
     ("numba.cuda", "numba-cuda"),
@@ -111,8 +113,7 @@ def detect_gpu(timeout_s: float = 90.0) -> tuple[str | None, str]:
     import sys
 
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SOURCE_ROOT), env.get("PYTHONPATH", "")]))
     code = "from moonvit_kernels.tools.gpu_check.machine import gpu_present; print(repr(gpu_present()))"
     try:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)

@@ -96,102 +96,86 @@ def every_version(stage: str) -> tuple[int, ...]:
     return registry.versions("numba", stage)
 
 
+def _simulated_plan(quick: bool) -> Plan:
+    """The plan under --simulate: the tiny config on grids of a few patches (the CPU times the simulator)."""
+    tiny = VisionConfig.tiny()
+    return Plan(
+        simulate=True,
+        quick=quick,
+        kernel_config=tiny,
+        kernel_grids=((1, 2, 4),),
+        repeats=1,
+        warmup=0,
+        inner=1,
+        cold_repeats=0,
+        seconds_per_item=5.0,
+        numba_gemm_shapes=("wo+residual",),
+        cuda_gemm_shapes=("qkv", "wo+residual", "proj2") if quick else ALL_GEMMS,
+        v1_threads=32,
+        tower_config=tiny.replace(vt_num_hidden_layers=1),  # one layer: a few seconds of the simulator
+        tower_cases=(
+            ("image 2x4 patches (stands in for 448²)", ((1, 2, 4),)),
+            ("image 4x4 patches (stands in for 896²)", ((1, 4, 4),)),
+            ("packed 3 images of 2x2 patches (stands in for 8 x 448²)", ((1, 2, 2),) * 3),
+        )[: 1 if quick else 3],
+        tower_check_layers=1,
+        tower_repeats=1,
+        tower_warmup=0,
+        numba_tower_cases=1,
+        budgets={"tests": 120.0, "kernels": 240.0, "tower": 240.0},
+        total_budget=600.0,
+        item_timeout_s=120.0,
+        tower_item_timeout_s=180.0,
+        startup_timeout_s=120.0,  # a first emulator build takes ~15-60 s of a busy CPU
+        preflight_timeout_s=150.0,
+        hopper_gemm_shapes=("qkv",) if quick else ("qkv", "wo+residual"),
+        numba_gemm_versions=every_version("gemm")[-1:] if quick else every_version("gemm"),
+        numba_attention_versions=every_version("attention")[-1:] if quick else every_version("attention"),
+        torch_tower_baseline=not quick,
+    )
+
+
+def _gpu_plan(quick: bool) -> Plan:
+    """The plan on a GPU: K3 sizes; `quick` (one kernel size, fewer repeats) fits a 6-minute lease, the full run
+    a 9-minute one."""
+    k3 = VisionConfig.k3()
+    return Plan(
+        simulate=False,
+        quick=quick,
+        kernel_config=k3,
+        kernel_grids=((1, 32, 32),) if quick else ((1, 32, 32), (1, 64, 64)),
+        repeats=5 if quick else 10,
+        warmup=2,
+        inner=10 if quick else 20,
+        cold_repeats=5 if quick else 10,
+        seconds_per_item=0.5 if quick else 1.0,
+        numba_gemm_shapes=("qkv", "fc1+residual") if quick else ENCODER_GEMMS,
+        cuda_gemm_shapes=ALL_GEMMS,
+        v1_threads=None,
+        tower_config=k3,
+        tower_cases=K3_TOWER_CASES,
+        tower_check_layers=2 if quick else 4,
+        tower_repeats=2 if quick else 3,
+        tower_warmup=1,
+        numba_tower_cases=1 if quick else 3,
+        # quick, measured on an H200 (benchmarks/results/H200-2026-12-04-*): the whole pytest tier 65-68 s, the
+        # kernels section 36 s, the tower 47 s, the quick run 150 s in all
+        budgets={"tests": 80.0, "kernels": 150.0, "tower": 90.0}
+        if quick
+        else {"tests": 90.0, "kernels": 230.0, "tower": 170.0},
+        # + ~15 s under the 6 (9) minutes for start-up and the last item's overrun
+        total_budget=345.0 if quick else 525.0,
+        item_timeout_s=45.0 if quick else 60.0,
+        tower_item_timeout_s=75.0 if quick else 90.0,
+        startup_timeout_s=90.0,
+        preflight_timeout_s=60.0,
+        hopper_gemm_shapes=("qkv", "fc1+residual") if quick else ENCODER_GEMMS,
+    )
+
+
 def make_plan(simulate: bool, quick: bool, budget_s: float | None = None) -> Plan:
     """The plan for a mode; `budget_s` caps the whole run (sections share it in proportion)."""
-    if simulate:
-        tiny = VisionConfig.tiny()
-        plan = Plan(
-            simulate=True,
-            quick=quick,
-            kernel_config=tiny,
-            kernel_grids=((1, 2, 4),),
-            repeats=1,
-            warmup=0,
-            inner=1,
-            cold_repeats=0,
-            seconds_per_item=5.0,
-            numba_gemm_shapes=("wo+residual",),
-            cuda_gemm_shapes=("qkv", "wo+residual", "proj2") if quick else ALL_GEMMS,
-            v1_threads=32,
-            tower_config=tiny.replace(vt_num_hidden_layers=1),  # one layer: a few seconds of the simulator
-            tower_cases=(
-                ("image 2x4 patches (stands in for 448²)", ((1, 2, 4),)),
-                ("image 4x4 patches (stands in for 896²)", ((1, 4, 4),)),
-                ("packed 3 images of 2x2 patches (stands in for 8 x 448²)", ((1, 2, 2),) * 3),
-            )[: 1 if quick else 3],
-            tower_check_layers=1,
-            tower_repeats=1,
-            tower_warmup=0,
-            numba_tower_cases=1,
-            budgets={"tests": 120.0, "kernels": 240.0, "tower": 240.0},
-            total_budget=600.0,
-            item_timeout_s=120.0,
-            tower_item_timeout_s=180.0,
-            startup_timeout_s=120.0,  # a first emulator build takes ~15-60 s of a busy CPU
-            preflight_timeout_s=150.0,
-            hopper_gemm_shapes=("qkv",) if quick else ("qkv", "wo+residual"),
-            numba_gemm_versions=every_version("gemm")[-1:] if quick else every_version("gemm"),
-            numba_attention_versions=every_version("attention")[-1:] if quick else every_version("attention"),
-            torch_tower_baseline=not quick,
-        )
-    elif quick:
-        plan = Plan(
-            simulate=False,
-            quick=True,
-            kernel_config=VisionConfig.k3(),
-            kernel_grids=((1, 32, 32),),
-            repeats=5,
-            warmup=2,
-            inner=10,
-            cold_repeats=5,
-            seconds_per_item=0.5,
-            numba_gemm_shapes=("qkv", "fc1+residual"),
-            cuda_gemm_shapes=ALL_GEMMS,
-            v1_threads=None,
-            tower_config=VisionConfig.k3(),
-            tower_cases=K3_TOWER_CASES,
-            tower_check_layers=2,
-            tower_repeats=2,
-            tower_warmup=1,
-            numba_tower_cases=1,
-            # measured on an H200 (benchmarks/results/H200-2026-12-04-*): the whole pytest tier 65-68 s, the kernels
-            # section 36 s, the tower 47 s, the quick run 150 s in all
-            budgets={"tests": 80.0, "kernels": 150.0, "tower": 90.0},
-            total_budget=345.0,  # + ~15 s under the 6 minutes for start-up and the last item's overrun
-            item_timeout_s=45.0,
-            tower_item_timeout_s=75.0,
-            startup_timeout_s=90.0,
-            preflight_timeout_s=60.0,
-            hopper_gemm_shapes=("qkv", "fc1+residual"),
-        )
-    else:
-        plan = Plan(
-            simulate=False,
-            quick=False,
-            kernel_config=VisionConfig.k3(),
-            kernel_grids=((1, 32, 32), (1, 64, 64)),
-            repeats=10,
-            warmup=2,
-            inner=20,
-            cold_repeats=10,
-            seconds_per_item=1.0,
-            numba_gemm_shapes=ENCODER_GEMMS,
-            cuda_gemm_shapes=ALL_GEMMS,
-            v1_threads=None,
-            tower_config=VisionConfig.k3(),
-            tower_cases=K3_TOWER_CASES,
-            tower_check_layers=4,
-            tower_repeats=3,
-            tower_warmup=1,
-            numba_tower_cases=3,
-            budgets={"tests": 90.0, "kernels": 230.0, "tower": 170.0},
-            total_budget=525.0,  # + ~15 s under the 9 minutes
-            item_timeout_s=60.0,
-            tower_item_timeout_s=90.0,
-            startup_timeout_s=90.0,
-            preflight_timeout_s=60.0,
-            hopper_gemm_shapes=ENCODER_GEMMS,
-        )
+    plan = _simulated_plan(quick) if simulate else _gpu_plan(quick)
     if budget_s is not None:
         budget_s = positive_seconds("--budget-s", budget_s)
         scale = min(1.0, budget_s / plan.total_budget)

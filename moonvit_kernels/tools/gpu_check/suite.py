@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from moonvit_kernels.tools import SOURCE_ROOT
 from moonvit_kernels.tools.gpu_check.report import ERROR, FAIL, PARTIAL, PASS, SKIP
 
 OUTCOME = re.compile(r"^\S+::\S+.*?\s(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.MULTILINE)
@@ -27,7 +28,7 @@ SUMMARY = re.compile(r"^=+ (.*?) in [\d.]+s.* =+$", re.MULTILINE)
 
 def source_root() -> Path:
     """The folder that holds the package and `tests/` (a source tree)."""
-    return Path(__file__).resolve().parents[3]
+    return SOURCE_ROOT
 
 
 def count_outcomes(log: str) -> dict[str, int]:

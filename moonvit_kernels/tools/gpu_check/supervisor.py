@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moonvit_kernels.tools import SOURCE_ROOT
+from moonvit_kernels.tools.contained import exit_text
 from moonvit_kernels.tools.gpu_check.events import RESULTS_FILE, read_events
 from moonvit_kernels.tools.gpu_check.report import CRASH, ERRORS_FILE, SKIP, TIMEOUT, Report
 
@@ -51,16 +53,6 @@ class _Worker:
     last_end: int = -1
     done: bool = False
     sticky: int | None = None
-
-
-def exit_text(code: int) -> str:
-    """'signal SIGABRT' for a negative return code, else 'exit status N'."""
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit status {code}"
 
 
 class Supervisor:
@@ -100,8 +92,7 @@ class Supervisor:
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[3])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SOURCE_ROOT), env.get("PYTHONPATH", "")]))
         env["PYTHONUNBUFFERED"] = "1"
         if self.plan.simulate:
             env["NUMBA_ENABLE_CUDASIM"] = "1"

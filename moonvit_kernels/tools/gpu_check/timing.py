@@ -132,17 +132,15 @@ class CupyClock(_DeviceClock):
         self.cp.cuda.get_current_stream().synchronize()
 
 
-class NumbaClock(_DeviceClock):
-    """CUDA events on numba's default stream."""
+class _EventClock(_DeviceClock):
+    """CUDA events that record themselves, are waited on with `synchronize()` and answer `query()` and
+    `elapsed_time(other)` in ms (numba's and torch's)."""
 
-    def __init__(self) -> None:
-        from numba import cuda
-
-        self.cuda = cuda
-        self.buffer = None
+    def event(self) -> Any:
+        raise NotImplementedError
 
     def mark(self) -> Any:
-        e = self.cuda.event()
+        e = self.event()
         e.record()
         return e
 
@@ -152,6 +150,19 @@ class NumbaClock(_DeviceClock):
 
     def pending(self, mark: Any) -> bool:
         return not mark.query()
+
+
+class NumbaClock(_EventClock):
+    """CUDA events on numba's default stream."""
+
+    def __init__(self) -> None:
+        from numba import cuda
+
+        self.cuda = cuda
+        self.buffer = None
+
+    def event(self) -> Any:
+        return self.cuda.event()
 
     def flush(self) -> None:
         from numba.cuda.cudadrv import driver
@@ -164,7 +175,7 @@ class NumbaClock(_DeviceClock):
         self.cuda.synchronize()
 
 
-class TorchClock(_DeviceClock):
+class TorchClock(_EventClock):
     """CUDA events on torch's current stream."""
 
     def __init__(self, torch: Any = None) -> None:
@@ -173,17 +184,8 @@ class TorchClock(_DeviceClock):
         self.torch = torch
         self.buffer = None
 
-    def mark(self) -> Any:
-        e = self.torch.cuda.Event(enable_timing=True)
-        e.record()
-        return e
-
-    def seconds(self, a: Any, b: Any) -> float:
-        b.synchronize()
-        return a.elapsed_time(b) / 1e3
-
-    def pending(self, mark: Any) -> bool:
-        return not mark.query()
+    def event(self) -> Any:
+        return self.torch.cuda.Event(enable_timing=True)
 
     def flush(self) -> None:
         if self.buffer is None:

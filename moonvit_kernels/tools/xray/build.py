@@ -1,8 +1,8 @@
 """Build every kernel's cubin per architecture (through the compile tiers) and cache it on disk.
 
-numba kernels: `numba_backend.compile_check.build_cubins(cc)` in a subprocess with the CUDA simulator
+numba kernels: `tools.compile_check.build_cubins(cc)` in a subprocess with the CUDA simulator
 off (numba can only compile for a GPU in a process where the simulator was never on).
-CUDA C kernels: `cuda_backend.nvrtc_check.build_cubins(arch, head_dims)` (NVRTC, in this process); for
+CUDA C kernels: `tools.nvrtc_check.build_cubins(arch, head_dims)` (NVRTC, in this process); for
 sm_90 also the Hopper kernels, built for sm_90a (the code they run on an sm_90 device; their Binary's
 `arch` says sm_90a).
 Each build lands in `<cache>/<backend>.<arch>/` (cubins + `index.json`), keyed by a digest of the
@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from moonvit_kernels.tools import SOURCE_ROOT
 from moonvit_kernels.tools.xray.cubin import kernel_resources
 
-PACKAGE_DIR = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = SOURCE_ROOT / "moonvit_kernels"
 BACKENDS = ("numba", "cuda")
 _ARCH_CC = {"sm_80": (8, 0), "sm_86": (8, 6), "sm_89": (8, 9), "sm_90": (9, 0)}
 HOPPER_ARCH = "sm_90a"

@@ -22,11 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from moonvit_kernels.tools import SOURCE_ROOT
 from moonvit_kernels.tools.xray import arch as arch_table
 from moonvit_kernels.tools.xray import roofline
 from moonvit_kernels.tools.xray.catalogue import describe
 
-RESULTS_ROOT = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+RESULTS_ROOT = SOURCE_ROOT / "benchmarks" / "results"
 NO_GPU_RUN = (
     "No GPU run yet: no gpu_check results.csv (benchmarks/results/<gpu>-<date>/results.csv) exists, so no bound "
     "has been compared with a measurement. Every time in this report is a model, no GPU."

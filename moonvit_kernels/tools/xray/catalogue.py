@@ -9,15 +9,15 @@ import dataclasses
 from dataclasses import dataclass
 
 from moonvit_kernels import registry
-from moonvit_kernels.launch_model import GEMM_SHAPES, HD, HEADS, MERGED, MERGED_W, MLP, PATCH_K, TEXT, D, L, Q
+from moonvit_kernels.launch_model import GEMM_SHAPES, HD, HEADS, MERGED, MERGED_W, MLP, PATCH_K, TEXT, D, L, Model, Q
 
 __all__ = ["D", "GEMM_SHAPES", "HD", "HEADS", "L", "MERGED", "MERGED_W", "MLP", "PATCH_K", "Q", "TEXT"]
 __all__ += ["KernelInfo", "describe"]
 
 
-@dataclass
-class KernelInfo:
-    """Catalogue entry of one kernel instantiation."""
+@dataclass(frozen=True, kw_only=True)
+class KernelInfo(Model):
+    """Catalogue entry of one kernel instantiation: the registry's words for it and its launch model (`Model`)."""
 
     backend: str
     label: str
@@ -26,14 +26,6 @@ class KernelInfo:
     specialisation: str
     threads: int  # launch block size at K3
     dynamic_shared: int = 0
-    k3: bool = True  # False for instantiations that K3 does not launch (e.g. hd 24 of the tiny config)
-    flops: float | None = None
-    dram_bytes: float | None = None
-    request_bytes: float | None = None
-    formula: str = ""
-    peak: str = "fp32"  # the compute roof: "fp32" (FFMA), "mma_sync" (bf16 HMMA) or "wgmma" (bf16 HGMMA)
-    fma_shares: tuple[float, ...] = ()  # FLOPs share of each phase's loop (launch_counts.fma_loops)
-    fma_exact: bool = False  # FLOPs = 2 x the kernel's multiply-adds (GEMM, attention): the SASS can be scaled by them
 
 
 def describe(backend: str, label: str, threads: int | None = None, dynamic_shared: int | None = None) -> KernelInfo:
@@ -42,15 +34,15 @@ def describe(backend: str, label: str, threads: int | None = None, dynamic_share
     A label the registry lacks gets family "other" and no model."""
     entry = registry.find(backend, label)
     if entry is None:
-        return KernelInfo(backend, label, "other", "", "", threads or 256, dynamic_shared or 0)
-    model = dataclasses.asdict(entry.model)
+        return KernelInfo(backend=backend, label=label, family="other", version="", specialisation="",
+                          threads=threads or 256, dynamic_shared=dynamic_shared or 0)  # fmt: skip
     return KernelInfo(
-        backend,
-        label,
-        entry.stage,
-        entry.version,
-        entry.specialisation,
-        threads or entry.threads,
-        entry.dynamic_smem if dynamic_shared is None else dynamic_shared,
-        **model,
+        backend=backend,
+        label=label,
+        family=entry.stage,
+        version=entry.version,
+        specialisation=entry.specialisation,
+        threads=threads or entry.threads,
+        dynamic_shared=entry.dynamic_smem if dynamic_shared is None else dynamic_shared,
+        **dataclasses.asdict(entry.model),
     )
