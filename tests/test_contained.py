@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from moonvit_kernels import contained
 from moonvit_kernels.exercises import check, load_solution
-from moonvit_kernels.tools import contained
 from moonvit_kernels.tools.emulation import build, device
 
 needs_cxx = pytest.mark.skipif(build.compiler() is None, reason="needs a C++20 compiler for the CUDA C emulator")

@@ -149,8 +149,8 @@ TOOLS = "moonvit_kernels.tools"
 # Where the lesson (everything outside moonvit_kernels/tools) may import a tool: a notebook teaches that tool there.
 # Keys and values are module prefixes; each line says which notebook teaches it.
 TAUGHT_TOOLS = {
-    # the exercise checker runs a learner's kernel on the CPU stand-ins, contained in a child (notebooks 00-08)
-    "moonvit_kernels.exercises": ("tools.contained", "tools.emulation", "tools.simulator", "tools.xray"),
+    # the exercise checker runs a learner's kernel on the CPU stand-ins (notebooks 00-08)
+    "moonvit_kernels.exercises": ("tools.emulation", "tools.simulator", "tools.xray"),
     # with the simulator on, numba's cuda gets the simulator's stand-ins (notebook 00: what the simulator is)
     "moonvit_kernels.numba_backend._cuda": ("tools.simulator",),
     # the prediction tables of notebooks 00, 01, 03, 06 and 09 are the X-ray's (notebook 07 teaches it)

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from moonvit_kernels.tools.contained import exit_text
+from moonvit_kernels.contained import exit_text
 
 HOPPER_MODULE = "moonvit_kernels.cuda_backend.hopper_launchers"
 DEFAULT_TIMEOUT_S = 180.0  # NVRTC builds of 4 GEMM + 4 attention instantiations (~1 s each here) + the probes

@@ -30,6 +30,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from moonvit_kernels import contained
 from moonvit_kernels.exercises import attention, cuda_c, encoder, gemm, hopper, merge, norm, rope, warmups
 from moonvit_kernels.exercises.core import (
     OUT,
@@ -43,7 +44,6 @@ from moonvit_kernels.exercises.core import (
     run_check,
 )
 from moonvit_kernels.exercises.launch import launch_numba
-from moonvit_kernels.tools import contained
 
 SOLUTIONS_DIR = Path(__file__).resolve().parent / "solutions"
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from moonvit_kernels import contained
 from moonvit_kernels.exercises.core import GUARD_ROWS, OUT, TIME_LIMIT, Case, KernelStopped
-from moonvit_kernels.tools import contained
 
 
 def _filled(case: Case) -> np.ndarray:

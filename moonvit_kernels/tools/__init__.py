@@ -6,8 +6,7 @@ plots, exercises) lives outside this package and imports it only where a noteboo
 - `simulator.py`: what numba's CUDA simulator lacks (shared arrays filled with NaN, warp rules, thread order);
 - `compile_check.py`, `nvrtc_check.py`: the compile tier (registers, spills, shared memory, SASS budgets);
 - `xray/`: the kernel X-ray without a GPU (traces, SASS, rooflines);
-- `gpu_check/`: the one-command report on a GPU (`python -m moonvit_kernels.gpu_check`);
-- `contained.py`: untrusted kernel code run in a forked child (the exercise checker, gpu_check).
+- `gpu_check/`: the one-command report on a GPU (`python -m moonvit_kernels.gpu_check`).
 """
 
 from pathlib import Path

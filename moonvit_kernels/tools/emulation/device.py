@@ -23,7 +23,7 @@ NaN (float32), the bf16 NaN 0x7FC0 (uint16) or a large sentinel (integers), so a
 forgets to write fails the comparison.
 
 Launches are contained: device memory is shared (`mmap` MAP_SHARED), and each launch runs the kernel in a
-forked child (`moonvit_kernels.tools.contained`) that writes it, so a kernel that aborts, dereferences a bad
+forked child (`moonvit_kernels.contained`) that writes it, so a kernel that aborts, dereferences a bad
 pointer or never ends raises `LaunchError` naming the kernel, the signal and the block and thread it was
 running, or the time limit (`time_limit`, MOONVIT_EMU_TIME_LIMIT seconds, default 600), and the Python
 process lives on. A device array made by NumPy arithmetic (private memory) is copied to shared memory for
@@ -52,8 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from moonvit_kernels import launch_rules, registry
-from moonvit_kernels.tools import contained
+from moonvit_kernels import contained, launch_rules, registry
 from moonvit_kernels.tools.emulation import build, guard
 
 EMULATED = True

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moonvit_kernels.contained import exit_text
 from moonvit_kernels.tools import SOURCE_ROOT
-from moonvit_kernels.tools.contained import exit_text
 from moonvit_kernels.tools.gpu_check.events import RESULTS_FILE, read_events
 from moonvit_kernels.tools.gpu_check.report import CRASH, ERRORS_FILE, SKIP, TIMEOUT, Report
 
