@@ -45,29 +45,33 @@ inline int refuse(char* err, int errlen, const std::string& why) {
   return 1;
 }
 
+// Why the arguments of `c` do not fit the `count` parameters of sizes `size` and alignments `align` ("" when
+// they fit): the count, then the first size that differs, then the first alignment below the parameter's.
+// Out of line, so that each kernel's thunk holds none of the message building.
+inline std::string argument_problem(const Call& c, size_t count, const size_t* size, const size_t* align) {
+  if (size_t(c.nargs) != count)
+    return std::string(c.name) + " takes " + std::to_string(count) + " arguments, got " + std::to_string(c.nargs);
+  for (size_t i = 0; i < count; ++i)
+    if (c.sizes[i] != size[i])
+      return "argument " + std::to_string(i) + " of " + c.name + " is " + std::to_string(c.sizes[i]) +
+             " bytes, its parameter " + std::to_string(size[i]);
+  for (size_t i = 0; i < count; ++i)
+    if (c.aligns[i] < align[i])
+      return "argument " + std::to_string(i) + " of " + c.name + " is packed with " + std::to_string(c.aligns[i]) +
+             "-byte alignment, its parameter needs " + std::to_string(align[i]);
+  return {};
+}
+
 // Launch kernel K as `call` describes, with Launcher::go(grid, block, smem, regs, body) running the
 // block's threads (emu::launch, or the Hopper model's launch_async).
 template <auto K, typename Launcher>
 int thunk(const Call& c, char* err, int errlen) {
   using P = Params<decltype(K)>;
   using T = typename P::types;
-  if (size_t(c.nargs) != P::count)
-    return refuse(err, errlen,
-                  std::string(c.name) + " takes " + std::to_string(P::count) + " arguments, got " +
-                      std::to_string(c.nargs));
-  std::string bad;
-  [&]<size_t... I>(std::index_sequence<I...>) {
-    ((bad.empty() && c.sizes[I] != sizeof(std::tuple_element_t<I, T>)
-          ? (void)(bad = "argument " + std::to_string(I) + " of " + c.name + " is " + std::to_string(c.sizes[I]) +
-                         " bytes, its parameter " + std::to_string(sizeof(std::tuple_element_t<I, T>)))
-          : (void)0),
-     ...);
-    ((bad.empty() && c.aligns[I] < alignof(std::tuple_element_t<I, T>)
-          ? (void)(bad = "argument " + std::to_string(I) + " of " + c.name + " is packed with " +
-                         std::to_string(c.aligns[I]) + "-byte alignment, its parameter needs " +
-                         std::to_string(alignof(std::tuple_element_t<I, T>)))
-          : (void)0),
-     ...);
+  const std::string bad = [&]<size_t... I>(std::index_sequence<I...>) {
+    static constexpr size_t size[] = {sizeof(std::tuple_element_t<I, T>)..., 0};
+    static constexpr size_t align[] = {alignof(std::tuple_element_t<I, T>)..., 0};
+    return argument_problem(c, P::count, size, align);
   }(std::make_index_sequence<P::count>{});
   if (!bad.empty()) return refuse(err, errlen, bad);
   try {
