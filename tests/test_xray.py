@@ -919,3 +919,41 @@ def test_emulator_trace_of_the_bf16_gemm():
     assert loads and all((s.per_request, s.factor) == (16, 1) for s in loads)
     (store,) = [s for s in sites if s.kind == "STG" and s.array == "C"]
     assert (store.per_request, store.factor) == (8, 1), store
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_emulator_traces_the_launch_the_real_launcher_makes(monkeypatch):
+    """The traced launch is the one `launchers.rmsnorm` makes, geometry included: with a block of half the
+    threads planted in the launcher, the trace holds the accesses of half the threads."""
+    import dataclasses
+
+    from moonvit_kernels.cuda_backend import launchers
+    from moonvit_kernels.tools.emulation import compiler
+    from moonvit_kernels.tools.xray import emulator_trace
+
+    if compiler() is None:
+        pytest.skip("no C++ compiler for the emulator")
+    (job,) = [j for j in emulator_trace.jobs() if j.name == "rmsnorm_rows_f32"]
+    assert {thread for *_, thread, _, _, _ in job.run()} == set(range(256))
+    real = launchers._kernel
+
+    def half_the_threads(*args, **kwargs):
+        kernel, spec = real(*args, **kwargs)
+        return kernel, dataclasses.replace(spec, threads=spec.threads // 2)
+
+    monkeypatch.setattr(launchers, "_kernel", half_the_threads)
+    assert {thread for *_, thread, _, _, _ in job.run()} == set(range(128))
+
+
+def test_the_emulator_has_one_launch_path():
+    """No hand-written C entry points that copy the launchers' geometry: driver.cpp is gone, and nothing in the
+    emulator or the X-ray names it (the tracer builds the device's modules, `build.build_module(traced=True)`)."""
+    import re
+
+    from moonvit_kernels.tools.emulation import HERE
+
+    assert not (HERE / "driver.cpp").exists()
+    texts = {p: p.read_text(encoding="utf-8") for d in (HERE, HERE.parent / "xray") for p in sorted(d.iterdir())
+             if p.suffix in (".py", ".cpp", ".h", ".cuh")}  # fmt: skip
+    assert not [p.name for p, t in texts.items() if re.search(r"(?<![\w])driver\.cpp|emu_gemm_fp32", t)]

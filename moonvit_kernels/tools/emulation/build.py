@@ -6,8 +6,9 @@ pieces it uses (`prelude.h`: threads as fibers, barriers, warp shuffles; `ptx.cu
 + `hopper.cuh`: the PTX instructions, written from the PTX ISA; `cuda_bf16.h`), with a generated
 registry that gives every kernel named in `names` (CuPy's `name_expressions`, or the module's
 `extern "C"` kernels) a launch thunk behind the one entry point `emu_launch` (`launch_entry.h`).
+`build_module(..., traced=True)` is its instrumented variant for the X-ray's address tracer (`tracing`).
 `build_library(...)` is the same recipe for the emulator's other libraries (the Hopper model probes,
-the address tracer). Libraries are cached by a digest of everything that goes into them (texts, stand-ins,
+the tensor-map encoder). Libraries are cached by a digest of everything that goes into them (texts, stand-ins,
 flags, this file), so a source edit rebuilds and nothing else does, in `emulator/` of the per-user root of
 `private_dirs` (a folder nobody else can write, swap or own; `UnsafeFolder` otherwise). Each library has
 its sha256 beside it, written when it was built; `load` checks it before the library is opened, and
@@ -220,44 +221,74 @@ def _compile(
     tmp = build / f"lib.{os.getpid()}.so"
     compile_flags = [f for f in (*flags, *extra_flags) if f != "-shared"]
     head = [cxx, *compile_flags, f"-I{inc}", f"-I{src}", "-include", str(inc / "prelude.h")]
-    steps = []
     if len(units) == 1:
-        steps.append([*head, *units[0][1], "-shared", str(src / units[0][0]), "-o", str(tmp)])
+        _run([[*head, *units[0][1], "-shared", str(src / units[0][0]), "-o", str(tmp)]], tag)
     else:
         objects = [str(build / f"{Path(u).stem}.{os.getpid()}.o") for u, _ in units]
-        steps += [[*head, *f, "-c", str(src / u), "-o", o] for (u, f), o in zip(units, objects, strict=True)]
-        steps.append([cxx, "-shared", "-pthread", *objects, "-o", str(tmp)])
-    for cmd in steps:
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"building the CUDA C emulator ({tag}) failed:\n{' '.join(cmd)}\n{r.stderr[-6000:]}")
+        _run([[*head, *f, "-c", str(src / u), "-o", o] for (u, f), o in zip(units, objects, strict=True)], tag)
+        _run([[cxx, "-shared", "-pthread", *objects, "-o", str(tmp)]], tag)
     digest = build / f"lib.{os.getpid()}.sha256"
     digest.write_text(private_dirs.sha256_of(tmp) + "\n", encoding="ascii")
     os.replace(digest, _digest_path(lib_path))
     os.replace(tmp, lib_path)  # atomic: a concurrent builder never loads a half-written library
 
 
+def _run(commands: Sequence[Sequence[str]], tag: str) -> None:
+    """Run the compiler `commands` side by side; RuntimeError with the first failing one and its stderr."""
+    running = [
+        (cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) for cmd in commands
+    ]
+    finished = [(cmd, p.communicate()[1], p.returncode) for cmd, p in running]
+    for cmd, stderr, rc in finished:
+        if rc != 0:
+            raise RuntimeError(f"building the CUDA C emulator ({tag}) failed:\n{' '.join(cmd)}\n{stderr[-6000:]}")
+
+
 @functools.cache
-def build_module(code: str, names: tuple[str, ...], hopper: bool = False) -> ctypes.CDLL:
+def build_module(code: str, names: tuple[str, ...], hopper: bool = False, traced: bool = False) -> ctypes.CDLL:
     """The emulator library of one module: `code` (a `.cu` text, local headers already inlined)
     and a launch thunk for each kernel in `names`. Hopper modules are built against the sm_90a
-    models (wgmma, tensor copies, mbarrier, setmaxnreg) and launched by their scheduler."""
+    models (wgmma, tensor copies, mbarrier, setmaxnreg) and launched by their scheduler. `traced`: the
+    address tracer's variant of a portable module (`tracing`): the same unit compiled with
+    `-fsanitize=thread` and `tracing.TRACE_FLAGS` against the ptx.cuh stand-in `tracing.patch_ptx`
+    makes, linked with `trace_hooks.cpp`, which records the accesses the instrumentation reports."""
     missing = [n for n in _LOCAL_INCLUDE.findall(code) if n not in (*PORTABLE_STANDINS, *HOPPER_STANDINS)]
     if missing:
         raise ValueError(f"the module includes {missing}: inline local headers first (sources.load_source does)")
+    if traced and hopper:
+        raise ValueError("the address tracer instruments portable modules only (no Hopper models)")
     main = "module.cpp"
     files = {
         main: for_emulator(code) + '\n#include "launch_entry.h"\n' + registry_source(names, hopper),
     }
-    kernel_dir = HERE.parents[1] / "cuda_backend"  # the kernels' own headers (sm90.cuh, common.cuh)
-    lib_path = build_library(
-        files,
-        main,
-        standins=(*HOPPER_STANDINS, "sm90.cuh") if hopper else PORTABLE_STANDINS,
-        replace_standins={"sm90.cuh": (kernel_dir / "sm90.cuh").read_text(encoding="utf-8")} if hopper else None,
-        tag="hopper" if hopper else "module",
-    )
+    if traced:
+        lib_path = _build_traced(files, main)
+    else:
+        kernel_dir = HERE.parents[1] / "cuda_backend"  # the kernels' own headers (sm90.cuh, common.cuh)
+        lib_path = build_library(
+            files,
+            main,
+            standins=(*HOPPER_STANDINS, "sm90.cuh") if hopper else PORTABLE_STANDINS,
+            replace_standins={"sm90.cuh": (kernel_dir / "sm90.cuh").read_text(encoding="utf-8")} if hopper else None,
+            tag="hopper" if hopper else "module",
+        )
     lib = load(lib_path)
     lib.emu_launch.restype = ctypes.c_int
     lib.emu_kernel_name.restype = ctypes.c_char_p
     return lib
+
+
+def _build_traced(files: dict[str, str], main: str) -> Path:
+    """The cached traced library of module unit `main` in `files` (see `build_module`)."""
+    from moonvit_kernels.tools.emulation import tracing
+
+    files = {**files, "trace_hooks.cpp": (HERE / "trace_hooks.cpp").read_text(encoding="utf-8")}
+    return build_library(
+        files,
+        main,
+        standins=PORTABLE_STANDINS,
+        replace_standins={"ptx.cuh": tracing.patch_ptx((HERE / "ptx.cuh").read_text(encoding="utf-8"))},
+        tag="traced",
+        units=[(main, ("-fsanitize=thread",)), ("trace_hooks.cpp", ())],
+        flags=tracing.TRACE_FLAGS,
+    )

@@ -32,6 +32,8 @@ that reads or writes past an array's end (or before its start) raises `OutOfBoun
 thread, the address and the argument it ran past; a write into the under 256 bytes between an array's end and
 its guard (its start stays 256-byte aligned) is found after the launch; a read there is not (it reads NaN).
 MOONVIT_EMU_CONTAIN=0 runs launches in this process (trusted kernels only: a fault there ends the process).
+Within `tracing(recording)` the modules load their traced build and launches run in this process with
+their memory accesses recorded (the X-ray's address traces, `emulation.tracing`).
 What it cannot show: speed, registers, the device's exact transcendental functions, and races the barriers
 do not order.
 """
@@ -67,6 +69,7 @@ DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a kernel may use before raisin
 _TIME_LIMIT = [contained.check_time_limit(os.environ.get("MOONVIT_EMU_TIME_LIMIT", "600"))]
 _FORCE_CONTAIN = [False]
 _REVERSED = [0]  # 1 within reversed_thread_order()
+_TRACER: list[Any] = [None]  # the recording launches go through within tracing()
 _Maps = dict[int, guard.GuardedMap]  # the guarded memory of a launch's array arguments, by argument index
 
 
@@ -379,7 +382,10 @@ class Function:
             )  # fmt: skip
             return rc, err.value
 
-        rc, message = launch() if staging is None else _contained_launch(self.name, lib, launch, maps)
+        if _TRACER[0] is not None:
+            rc, message = _TRACER[0].launch(lib, args, launch)
+        else:
+            rc, message = launch() if staging is None else _contained_launch(self.name, lib, launch, maps)
         if rc:
             raise LaunchError(message.decode(errors="replace"))
         _check_canaries(self.name, maps)
@@ -389,9 +395,22 @@ class Function:
 
 def contain() -> bool:
     """Whether launches run in a forked child (the default; MOONVIT_EMU_CONTAIN=0 runs them in this process,
-    except within `contained_launches`)."""
+    except within `contained_launches`; never within `tracing`, whose records stay in this process)."""
     wanted = _FORCE_CONTAIN[0] or os.environ.get("MOONVIT_EMU_CONTAIN", "1") != "0"
-    return wanted and contained.available()
+    return wanted and _TRACER[0] is None and contained.available()
+
+
+@contextlib.contextmanager
+def tracing(recording: Any) -> Iterator[Any]:
+    """Within the block, modules load their traced build (`build.build_module(..., traced=True)`) and every
+    launch runs in this process through `recording.launch(library, args, launch)` (`tracing.Recording`), which
+    records the kernel's memory accesses."""
+    saved = _TRACER[0]
+    _TRACER[0] = recording
+    try:
+        yield recording
+    finally:
+        _TRACER[0] = saved
 
 
 @contextlib.contextmanager
@@ -567,7 +586,8 @@ class RawModule:
         self._functions: dict[str, Function] = {}
 
     def library(self) -> ctypes.CDLL:
-        return build.build_module(self.code, self.names, self.hopper)
+        """The module's emulator library (`build.build_module`): its traced variant within `tracing()`."""
+        return build.build_module(self.code, self.names, self.hopper, traced=_TRACER[0] is not None)
 
     def regs_at_entry(self, name: str, block: tuple[int, int, int]) -> int:
         """Registers per thread at entry (the Hopper model's setmaxnreg pool): the module's table, else the

@@ -1,11 +1,12 @@
-// trace_hooks.cpp — address recording for the CPU emulator (built by tracing.py, NOT instrumented).
+// trace_hooks.cpp — address recording for the CPU emulator (linked into a module's traced build,
+// build.build_module(..., traced=True); NOT instrumented itself).
 //
-// The kernels (driver.cpp and everything it includes) are compiled with GCC's -fsanitize=thread,
-// which makes the compiler call __tsan_readN / __tsan_writeN(address) before every memory access.
-// No ThreadSanitizer runtime is linked: these hooks are that runtime. Each access made by an
-// emulated CUDA thread that falls inside a registered region (a global array, a static __shared__
-// array) or the block's dynamic shared memory is kept as one record: the instruction address
-// (mapped to a source line afterwards), region, byte offset, size, load/store, block, thread.
+// The module's unit (its kernels, the launch thunks and the stand-ins) is compiled with GCC's
+// -fsanitize=thread, which makes the compiler call __tsan_readN / __tsan_writeN(address) before every
+// memory access. No ThreadSanitizer runtime is linked: these hooks are that runtime. Each access made
+// by an emulated CUDA thread that falls inside a registered region (a device array, a static
+// __shared__ array) or the block's dynamic shared memory is kept as one record: the instruction
+// address (mapped to a source line afterwards), region, byte offset, size, load/store, block, thread.
 // ldmatrix and cp.async stand-ins report their own accesses (trace_explicit) with the caller's
 // file and line, as the hardware sees them: one 16-byte row per lane.
 #include <cstddef>
@@ -32,10 +33,12 @@ struct Region {
 std::vector<Region> g_regions;
 std::vector<EmuTraceRecord> g_records;
 bool g_on = false;
+long long g_blocks = -1;  // record blocks of linear index below this only (-1: all)
 
 inline bool current(std::int32_t& block, std::int32_t& thread, std::uintptr_t& dyn_lo, std::uintptr_t& dyn_hi) {
   if (!g_on || emu::g_cur == nullptr || emu::g_block == nullptr) return false;
   block = std::int32_t(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+  if (g_blocks >= 0 && block >= g_blocks) return false;
   thread = emu::g_cur->warp * 32 + emu::g_cur->lane;
   auto& dyn = emu::g_block->dyn_smem;
   dyn_lo = reinterpret_cast<std::uintptr_t>(dyn.data());
@@ -103,12 +106,14 @@ void emu_trace_reset() {
   g_regions.clear();
   g_records.clear();
   g_on = false;
+  g_blocks = -1;
 }
 int emu_trace_region(const void* lo, long long bytes) {
   const auto a = reinterpret_cast<std::uintptr_t>(lo);
   g_regions.push_back({a, a + std::uintptr_t(bytes)});
   return int(g_regions.size() - 1);
 }
+void emu_trace_blocks(long long below) { g_blocks = below; }
 void emu_trace_enable(int on) { g_on = on != 0; }
 long long emu_trace_count() { return (long long)g_records.size(); }
 int emu_trace_record_size() { return int(sizeof(EmuTraceRecord)); }

@@ -1,20 +1,24 @@
-"""Address traces of the CUDA C kernels on the CPU emulator (for `moonvit_kernels.tools.xray`).
+"""Address traces of the CUDA C kernels on the emulated device (for `moonvit_kernels.tools.xray`).
 
-A second build of the emulator library: the kernels (`driver.cpp` and what it includes, exactly as
-`library()` builds them) are compiled with GCC's `-fsanitize=thread`, which calls `__tsan_readN` /
-`__tsan_writeN` before every memory access, and linked with `trace_hooks.cpp`, which implements
-those calls by recording the accesses of emulated CUDA threads to registered memory (no
-ThreadSanitizer runtime is involved). The ldmatrix / cp.async stand-ins of the copied `ptx.cuh`
-are patched to report one 16-byte row (ldmatrix) or one 16-byte copy (cp.async) per lane at their
-caller's line, and not to record the element gathers they do internally.
+The traced variant of a module (`build.build_module(..., traced=True)`, which the emulated device's
+`RawModule` loads within `device.tracing(recording)`): the module's unit is compiled with GCC's
+`-fsanitize=thread`, which calls `__tsan_readN` / `__tsan_writeN` before every memory access, and linked
+with `trace_hooks.cpp`, which implements those calls by recording the accesses of emulated CUDA threads
+to registered memory (no ThreadSanitizer runtime is involved). The ldmatrix / cp.async stand-ins of
+the patched `ptx.cuh` (`patch_ptx`) report one 16-byte row (ldmatrix) or one 16-byte copy (cp.async)
+per lane at their caller's line, and not the element gathers they do internally.
 
-`traced_library()` builds and loads it; `run(launch, regions)` returns the records as tuples
+A `Recording` is what the device calls a launch through: it registers the launch's device arrays
+(named by the recording, in argument order), the static `__shared__` arrays of the functions it
+names (`static_shared`, read with `nm` from the module's traced library) and slices of the block's
+dynamic shared memory, runs the launch in this process, and keeps the records as tuples
 `(space, array, site, store, block, thread, offset, size, instance)` that
 `moonvit_kernels.tools.xray.trace.analyse` costs per warp request. Sites of instrumented accesses are
-(file, line, instruction address), resolved with addr2line from the debug info. The host compiler
-may split a vector access (a `float4` load) into narrower ones: consecutive accesses of one thread
-on one source line that names a vector type, contiguous and aligned, are merged back (up to 16 B),
-so that the request is costed as the GPU issues it.
+(file, line, instruction address), resolved with addr2line from the debug info; a kernel source the
+module's `#line` directives name is read from `cuda_backend/`. The host compiler may split a vector
+access (a `float4` load) into narrower ones: consecutive accesses of one thread on one source line
+that names a vector type, contiguous and aligned, are merged back (up to 16 B), so that the request
+is costed as the GPU issues it.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ import re
 import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from moonvit_kernels.cuda_backend import sources as kcuda
-from moonvit_kernels.tools.emulation import HERE, build
 
 RECORD = np.dtype(
     [("pc", "<u8"), ("file", "<u8"), ("line", "<i4"), ("region", "<i4"), ("offset", "<i8"), ("size", "<i4"),
@@ -64,37 +69,9 @@ def patch_ptx(text: str) -> str:
     return out
 
 
-# the instrumented build: debug info for the sites, every warning off (the tracer reads, it does not judge)
-TRACE_FLAGS = ("-std=c++20", "-O1", "-g", "-fPIC", "-fno-gnu-unique", "-pthread", "-w")
-
-
-@functools.cache
-def traced_library() -> tuple[ctypes.CDLL, Path]:
-    """Build (cached; `build.build_library`) and load (`build.load`) the instrumented emulator; (library, its path)."""
-    files = {
-        name: build.for_emulator((kcuda.KERNEL_DIR / name).read_text(encoding="utf-8"))
-        for name in (*kcuda.PORTABLE_SOURCES, "common.cuh")
-    }
-    for name in ("driver.cpp", "trace_hooks.cpp"):
-        files[name] = (HERE / name).read_text(encoding="utf-8")
-    patched = {"ptx.cuh": patch_ptx((HERE / "ptx.cuh").read_text(encoding="utf-8"))}
-    lib_path = build.build_library(
-        files,
-        "driver.cpp",
-        standins=("prelude.h", "ptx.cuh", "cuda_bf16.h"),
-        replace_standins=patched,
-        tag="trace",
-        units=[("driver.cpp", ("-fsanitize=thread",)), ("trace_hooks.cpp", ())],
-        flags=TRACE_FLAGS,
-    )
-    lib = build.load(lib_path)
-    lib.emu_trace_region.restype = ctypes.c_int
-    lib.emu_trace_region.argtypes = [ctypes.c_void_p, ctypes.c_longlong]
-    lib.emu_trace_count.restype = ctypes.c_longlong
-    lib.emu_trace_anchor.restype = ctypes.c_void_p
-    if lib.emu_trace_record_size() != RECORD.itemsize:
-        raise RuntimeError("tracing: record layout mismatch between trace_hooks.cpp and tracing.py")
-    return lib, lib_path
+# the instrumented build: the plain build's -Og, line tables for the sites (-g1: all addr2line reads), every
+# warning off (the tracer reads, it does not judge)
+TRACE_FLAGS = ("-std=c++20", "-Og", "-g1", "-fPIC", "-fno-gnu-unique", "-pthread", "-w")
 
 
 @functools.cache
@@ -111,14 +88,19 @@ def _symbols(lib_path: Path) -> list[tuple[int, int, str]]:
     return out
 
 
-def static_shared(function_prefix: str) -> list[tuple[str, int, int]]:
-    """(array name, runtime address, bytes) of static `__shared__` arrays of functions whose demangled
-    name starts with `function_prefix` (e.g. "gemm_fp32_simt<3>")."""
-    lib, path = traced_library()
-    syms = _symbols(path)
-    (anchor,) = [a for a, _, n in syms if n == "emu_trace_anchor"]
-    base = lib.emu_trace_anchor() - anchor
+def static_shared(lib: ctypes.CDLL, function_prefix: str) -> list[tuple[str, int, int]]:
+    """(array name, runtime address, bytes) of the static `__shared__` arrays in traced library `lib` of
+    functions whose demangled name starts with `function_prefix` (e.g. "gemm_fp32_simt<3>")."""
+    syms = _symbols(Path(lib._name))
+    base = _load_base(lib)
     return [(n.rsplit("::", 1)[1], base + a, s) for a, s, n in syms if n.startswith(function_prefix) and s]
+
+
+def _load_base(lib: ctypes.CDLL) -> int:
+    """Where traced library `lib` is loaded: runtime address minus the address `nm` gives."""
+    lib.emu_trace_anchor.restype = ctypes.c_void_p
+    (anchor,) = [a for a, _, n in _symbols(Path(lib._name)) if n == "emu_trace_anchor"]
+    return lib.emu_trace_anchor() - anchor
 
 
 def _addr2line(lib_path: Path, offsets: Sequence[int]) -> dict[int, tuple[str, int]]:
@@ -146,34 +128,72 @@ def _vector_line(file: str, line: int) -> bool:
     return bool(_VECTOR.search(linecache.getline(file, line)))
 
 
-def run(
-    launch: Callable[[ctypes.CDLL], None],
-    regions: Sequence[tuple[str, str, np.ndarray | tuple[int, int]]],
-    dynamic: Sequence[tuple[str, int, int]] = (),
-) -> list[tuple]:
-    """Trace one launch. `regions`: (space, name, array or (address, bytes)) of memory to record;
-    `dynamic`: (name, offset, bytes) slices of the block's dynamic shared memory. Returns records
-    for `moonvit_kernels.tools.xray.trace.analyse`."""
-    lib, path = traced_library()
-    lib.emu_trace_reset()
-    spans = []
-    for space, name, mem in regions:
-        if isinstance(mem, np.ndarray):
-            addr, nbytes = mem.ctypes.data, mem.nbytes
-        else:
-            addr, nbytes = mem
-        spans.append((space, name, addr))
-        lib.emu_trace_region(ctypes.c_void_p(addr), ctypes.c_longlong(nbytes))
-    lib.emu_trace_enable(1)
-    try:
-        launch(lib)
-    finally:
-        lib.emu_trace_enable(0)
+@functools.cache
+def _source_file(name: str) -> str:
+    """The file a site's file name stands for: a kernel source or header the module's `#line` directives name
+    (not a file where the compiler ran) is the one in `cuda_backend/`."""
+    path = Path(name)
+    if path.is_file() or not (kcuda.KERNEL_DIR / path.name).is_file():
+        return name
+    return str(kcuda.KERNEL_DIR / path.name)
+
+
+@dataclass
+class Recording:
+    """What to record of a launch on the emulated device (`device.tracing(recording)`), and the records.
+
+    `arrays`: names of the launch's device-array arguments in order (an argument at the address of an
+    earlier one is that one); `shared`: prefixes of the functions whose static `__shared__` arrays are
+    recorded; `dynamic`: (name, offset, bytes) slices of the block's dynamic shared memory; `blocks`:
+    record the blocks of linear index below it only (None: all)."""
+
+    arrays: Sequence[str]
+    shared: Sequence[str] = ()
+    dynamic: Sequence[tuple[str, int, int]] = ()
+    blocks: int | None = None
+    records: list[tuple] = field(default_factory=list)
+
+    def launch(self, lib: ctypes.CDLL, args: Sequence[Any], run: Callable[[], Any]) -> Any:
+        """`run()`, the device's launch of a kernel of traced library `lib` with `args`, recorded; its result."""
+        regions = self._regions(lib, args)
+        lib.emu_trace_reset()
+        for _, _, addr, nbytes in regions:
+            lib.emu_trace_region(ctypes.c_void_p(addr), ctypes.c_longlong(nbytes))
+        lib.emu_trace_blocks(ctypes.c_longlong(-1 if self.blocks is None else self.blocks))
+        lib.emu_trace_enable(1)
+        try:
+            got = run()
+        finally:
+            lib.emu_trace_enable(0)
+        self.records += _decode(lib, [(space, name) for space, name, _, _ in regions], self.dynamic)
+        return got
+
+    def _regions(self, lib: ctypes.CDLL, args: Sequence[Any]) -> list[tuple[str, str, int, int]]:
+        """(space, name, address, bytes) of the memory to record: the device arrays, then the static shared arrays."""
+        arrays = [a for a in args if isinstance(a, np.ndarray)]
+        if len(arrays) != len(self.arrays):
+            raise ValueError(f"the launch passes {len(arrays)} device arrays; the recording names {list(self.arrays)}")
+        out: list[tuple[str, str, int, int]] = []
+        for name, a in zip(self.arrays, arrays, strict=True):
+            if all(addr != a.ctypes.data for _, _, addr, _ in out):
+                out.append(("global", name, a.ctypes.data, a.nbytes))
+        for prefix in self.shared:
+            out += [("shared", name, addr, nbytes) for name, addr, nbytes in static_shared(lib, prefix)]
+        return out
+
+
+def _decode(lib: ctypes.CDLL, spans: Sequence[tuple[str, str]], dynamic: Sequence[tuple[str, int, int]]) -> list[tuple]:
+    """The records `lib` holds as tuples for `moonvit_kernels.tools.xray.trace.analyse`; `spans`: (space, name)
+    of each registered region, `dynamic`: (name, offset, bytes) slices of dynamic shared memory."""
+    lib.emu_trace_count.restype = ctypes.c_longlong
+    if lib.emu_trace_record_size() != RECORD.itemsize:
+        raise RuntimeError("tracing: record layout mismatch between trace_hooks.cpp and tracing.py")
+    path = Path(lib._name)
     n = lib.emu_trace_count()
     recs = np.zeros(n, RECORD)
     if n:
         lib.emu_trace_copy(recs.ctypes.data_as(ctypes.c_void_p))
-    base = lib.emu_trace_anchor() - next(a for a, _, nm in _symbols(path) if nm == "emu_trace_anchor")
+    base = _load_base(lib)
     pcs = sorted({int(p) - base - 1 for p in np.unique(recs["pc"]) if p})
     lines = _addr2line(path, pcs)
     files: dict[int, str] = {}
@@ -182,10 +202,10 @@ def run(
         pc, fptr, line, region, offset, size, store, block, thread = r
         if pc:
             file, line = lines.get(pc - base - 1, ("?", 0))
-            site = (file, line, pc)
+            site = (_source_file(file), line, pc)
         else:
             if fptr not in files:
-                files[fptr] = ctypes.string_at(fptr).decode(errors="replace")
+                files[fptr] = _source_file(ctypes.string_at(fptr).decode(errors="replace"))
             site = (files[fptr], line, 0)
         prev = rows[-1] if rows else None
         if (
@@ -212,7 +232,7 @@ def run(
                     name, offset = dname, offset - doff
                     break
         else:
-            space, name, _ = spans[region]
+            space, name = spans[region]
         key = (block, thread, site, store, name)
         counts[key] += 1
         out.append((space, name, site, bool(store), block, thread, offset, size, counts[key]))

@@ -1,18 +1,21 @@
-"""Bank conflicts and coalescing of the CUDA C kernels, from addresses recorded in the CPU emulator.
+"""Bank conflicts and coalescing of the CUDA C kernels, from addresses recorded on the emulated device.
 
-Uses `tools.emulation.tracing` (the emulator rebuilt with every memory access reported).
-Covered: the fp32 SIMT GEMM, the bf16 tensor-core GEMM (cp.async stores and ldmatrix rows, one
-16-byte row per lane), both flash attentions at hd 128, RMSNorm and the merge gather (fp32).
-Not traced: RoPE and the position embedding (CUDA C), and the epilogue variants (they share the
-main loop of the traced `residual` / `none` instantiation). Each launch is one block (two key
-tiles for attention) of full tiles, with random data.
+Each job calls the real launcher (`cuda_backend.launchers`) on the emulated device within
+`device.tracing(recording)` (`tools.emulation.tracing`): the module is built with every memory access
+reported, and the launch the launcher makes is recorded. Covered: the fp32 SIMT GEMM, the bf16
+tensor-core GEMM (cp.async stores and ldmatrix rows, one 16-byte row per lane), both flash attentions
+at hd 128, RMSNorm and the merge gather (fp32). Not traced: RoPE and the position embedding (CUDA C),
+and the epilogue variants (they share the main loop of the traced `residual` / `none` instantiation).
+Each launch is one block of full tiles (attention: the first block, one query tile over two key
+tiles), with random data.
 """
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -26,8 +29,22 @@ class CudaTraceJob:
     run: Callable[[], list[tuple]]
 
 
-def _p(a: np.ndarray) -> ctypes.c_void_p:
-    return ctypes.c_void_p(a.ctypes.data)
+@contextlib.contextmanager
+def _recorded(arrays: Sequence[str], **what: Any) -> Iterator[Any]:
+    """Within the block the launchers run on the emulated device and their launch is recorded: a
+    `tracing.Recording` naming the launch's device arrays `arrays` (`what`: its other fields)."""
+    from moonvit_kernels.tools.emulation import device, tracing
+
+    recording = tracing.Recording(arrays, **what)
+    with device.activated(), device.tracing(recording):
+        yield recording
+
+
+def _up(a: np.ndarray) -> Any:
+    """`a` on the emulated device."""
+    from moonvit_kernels.tools.emulation import device
+
+    return device.asarray(np.ascontiguousarray(a))
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -37,44 +54,33 @@ def _bf16(x: np.ndarray) -> np.ndarray:
 
 
 def _gemm_fp32() -> list[tuple]:
-    from moonvit_kernels.tools.emulation import tracing
+    from moonvit_kernels.cuda_backend import launchers
 
     M = N = 64
     K = 32
     rng = np.random.default_rng(7)
     A, B, R = (rng.standard_normal(s).astype(np.float32) for s in ((M, K), (N, K), (M, N)))
-    C = np.zeros((M, N), np.float32)
-    regions = [("global", "A", A), ("global", "B", B), ("global", "R", R), ("global", "C", C)]
-    regions += [("shared", n, (a, s)) for n, a, s in tracing.static_shared("gemm_fp32_simt<3>")]
-
-    def launch(lib):
-        lib.emu_gemm_fp32(3, _p(A), _p(B), _p(C), _p(R), M, N, K, 1)
-
-    recs = tracing.run(launch, regions)
+    with _recorded(("A", "B", "C", "R"), shared=("gemm_fp32_simt<3>",)) as rec:
+        C = launchers.gemm(_up(A), _up(B), epilogue="residual", residual=_up(R)).get()
     if not np.allclose(C, A.astype(np.float64) @ B.T + R, atol=1e-3):
         raise RuntimeError("the traced launch computed a wrong result")
-    return recs
+    return rec.records
 
 
 def _gemm_bf16() -> list[tuple]:
-    from moonvit_kernels.tools.emulation import tracing
+    from moonvit_kernels.cuda_backend import launchers
 
     M = N = 128
     K = 64
     rng = np.random.default_rng(8)
     A, B = _bf16(rng.standard_normal((M, K))), _bf16(rng.standard_normal((N, K)))
-    C = np.zeros((M, N), np.float32)
-    regions = [("global", "A", A), ("global", "B", B), ("global", "C", C)]
-    regions += [("shared", n, (a, s)) for n, a, s in tracing.static_shared("gemm_bf16_tc<float, 0>")]
-
-    def launch(lib):
-        lib.emu_gemm_bf16(0, 0, _p(A), _p(B), _p(C), _p(C), M, N, K, 1)
-
-    return tracing.run(launch, regions)
+    with _recorded(("A", "B", "C", "R"), shared=("gemm_bf16_tc<float, 0>",)) as rec:
+        launchers.gemm(_up(A), _up(B))
+    return rec.records
 
 
 def _attention(dtype: str) -> list[tuple]:
-    from moonvit_kernels.tools.emulation import tracing
+    from moonvit_kernels.cuda_backend import launchers
 
     hd, H = 128, 1
     bf16 = dtype == "bf16"
@@ -83,60 +89,42 @@ def _attention(dtype: str) -> list[tuple]:
         slices = [("Qs", 0, bq * lds * elem), ("Ks", bq * lds * elem, 2 * bkv * lds * elem)]
         slices.append(("Vs", (bq + 2 * bkv) * lds * elem, 2 * bkv * lds * elem))
     else:
-        bq, bkv, elem = 16, 32, 4
+        bq, bkv = 16, 32
         slices = [("Qs", 0, bq * hd * 4), ("Ks", bq * hd * 4, bkv * (hd + 1) * 4)]
         slices.append(("Vs", (bq * hd + bkv * (hd + 1)) * 4, bkv * hd * 4))
     L = 2 * bkv
     rng = np.random.default_rng(9)
     qkv = rng.standard_normal((L, 3 * H * hd)).astype(np.float32)
     qkv = _bf16(qkv) if bf16 else qkv
-    out = np.zeros((L, H * hd), qkv.dtype)
-    lse = np.zeros((L, H), np.float32)
-    cu = np.array([0, L], np.int32)
-    regions = [("global", "qkv", qkv), ("global", "out", out), ("global", "lse", lse), ("global", "cu_seqlens", cu)]
-
-    def launch(lib):
-        rc = lib.emu_attention(hd, int(bf16), _p(qkv), _p(out), _p(lse), _p(cu), 1, bq, H)
-        if rc:
-            raise RuntimeError(f"emulator has no attention for hd {hd}")
-
-    return tracing.run(launch, regions, slices)
+    with _recorded(("qkv", "out", "lse", "cu_seqlens"), dynamic=slices, blocks=1) as rec:
+        launchers.attention(_up(qkv), np.array([0, L]), H, hd)
+    return rec.records
 
 
 def _rmsnorm(dtype: str) -> list[tuple]:
-    from moonvit_kernels.tools.emulation import tracing
+    from moonvit_kernels.cuda_backend import launchers
 
     D = 1024
     rng = np.random.default_rng(10)
     x = rng.standard_normal((1, D)).astype(np.float32)
     x = _bf16(x) if dtype == "bf16" else x
     w = rng.standard_normal(D).astype(np.float32)
-    y = np.zeros_like(x)
-    rstd = np.zeros(1, np.float32)
-    regions = [("global", "x", x), ("global", "weight", w), ("global", "out", y), ("global", "rstd", rstd)]
-    regions += [("shared", n, (a, s)) for n, a, s in tracing.static_shared("block_sum")]
-    b = int(dtype == "bf16")
-
-    def launch(lib):
-        lib.emu_rmsnorm(b, b, _p(x), _p(w), _p(y), _p(rstd), 1, D, ctypes.c_float(1e-6))
-
-    return tracing.run(launch, regions)
+    out_dtype = "bfloat16" if dtype == "bf16" else "float32"
+    with _recorded(("x", "weight", "out", "rstd"), shared=("block_sum",)) as rec:
+        launchers.rmsnorm(_up(x), _up(w), 1e-6, out_dtype=out_dtype)
+    return rec.records
 
 
 def _merge() -> list[tuple]:
-    from moonvit_kernels.tools.emulation import merge_sources, tracing
+    from moonvit_kernels.cuda_backend import launchers
 
     D = 1024
     rng = np.random.default_rng(11)
     x = rng.standard_normal((4, D)).astype(np.float32)
-    ms = np.ascontiguousarray(merge_sources(np.array([[1, 2, 2]]), (2, 2)), dtype=np.int32)
-    out = np.zeros((ms.shape[0], 4 * D), np.float32)
-    regions = [("global", "x", x), ("global", "out", out), ("global", "merge_src", ms)]
-
-    def launch(lib):
-        lib.emu_merge(0, 0, _p(x), _p(out), _p(ms), ms.shape[0], D, 2, 2)
-
-    return tracing.run(launch, regions)
+    ms = np.asarray(launchers.merge_sources(np.array([[1, 2, 2]]), (2, 2)), dtype=np.int32)
+    with _recorded(("x", "out", "merge_src")) as rec:
+        launchers.tpool_merge(_up(x), _up(ms), (2, 2))
+    return rec.records
 
 
 def jobs() -> list[CudaTraceJob]:
