@@ -397,6 +397,7 @@ print(region(KERNEL_DIR / "gemm_fp32.cu", "kernel"))
 # everywhere), checked against NumPy under the fp32 bound.
 
 # %%
+from moonvit_kernels.cuda_backend import launchers
 from moonvit_kernels.tools import emulation
 
 m_e, n_e, k_e = 37, 21, 40
@@ -407,7 +408,7 @@ bound_e = 8 * FP32_EPS * np.sqrt(k_e) * (np.abs(a_e.astype(np.float64)) @ np.abs
 if emulation.compiler() is None:
     print("no C++ compiler (g++ >= 11) here: the CUDA C emulator cannot run")
 else:
-    got_fp32 = emulation.gemm(a_e, b_e)
+    got_fp32 = emulation.run(launchers.gemm, a_e, b_e)  # the CuPy launcher, on the CPU emulator
     assert np.all(np.abs(got_fp32 - exact) <= bound_e), "gemm_fp32.cu beyond the fp32 bound"
     print(
         f"CPU emulator, gemm_fp32.cu on [{m_e}, {k_e}] · [{n_e}, {k_e}]ᵀ: max abs error "

@@ -120,6 +120,7 @@ print(inspect.getsource(rmsnorm_module.kernel_for))
 # floats per access (`float4`) when `D % 4 == 0`:
 
 # %%
+from moonvit_kernels.cuda_backend import launchers
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
 from moonvit_kernels.source_regions import region
 from moonvit_kernels.tools import emulation
@@ -139,7 +140,7 @@ else:
     for rows_e, cols_e in ((5, 1024), (3, 75)):
         x_e = (rng.standard_normal((rows_e, cols_e)) * rng.uniform(0.1, 3.0, (rows_e, 1))).astype(np.float32)
         w_e = (1 + 0.25 * rng.standard_normal(cols_e)).astype(np.float32)
-        got_e, rstd_e = emulation.rmsnorm(x_e, w_e, 1e-6, return_rstd=True)
+        got_e, rstd_e = emulation.run(launchers.rmsnorm, x_e, w_e, 1e-6, return_rstd=True)
         want_e = reference.rmsnorm(x_e.astype(np.float64), w_e.astype(np.float64), 1e-6)
         rtol_e = 8 * FP32_EPS * np.sqrt(cols_e)
         np.testing.assert_allclose(got_e, want_e, rtol=rtol_e, atol=rtol_e * np.abs(want_e).max())

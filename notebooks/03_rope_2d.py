@@ -219,6 +219,7 @@ print("frame 0 and frame 1 rotated identically")
 # the CPU emulator against the same reference:
 
 # %%
+from moonvit_kernels.cuda_backend import launchers
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
 from moonvit_kernels.tools import emulation
 
@@ -237,7 +238,8 @@ else:
         want_e[:, s_ * Q_e : (s_ + 1) * Q_e] = reference.apply_rope(part, ang_e).reshape(L_e, Q_e)
     tol_e = 8 * FP32_EPS * (1 + ang_e.max()) * np.abs(qkv_e).max()
     qkv_c = qkv_e.copy()
-    emulation.rope_inplace(qkv_c, emulation.token_positions(grid_e), reference.rope_frequencies(hd_e), heads_e, hd_e)
+    token_pos_e, freqs_e = launchers.token_positions(grid_e), reference.rope_frequencies(hd_e, dtype=np.float32)
+    emulation.run(launchers.rope_inplace, qkv_c, token_pos_e, freqs_e, heads_e, hd_e)  # rotates qkv_c in place
     err_c = np.abs(qkv_c - want_e)
     assert np.all(np.isfinite(qkv_c)) and err_c.max() <= tol_e, (err_c.max(), tol_e)
     print(f"CPU emulator of rope.cu, items {grid_e.tolist()}: q, k max error {err_c.max():.2e} (bound {tol_e:.1e})")

@@ -314,6 +314,7 @@ print(region(KERNEL_DIR / "gemm_bf16.cu", "kernel"))
 # %%
 from IPython.display import Markdown, display
 
+from moonvit_kernels.cuda_backend import launchers
 from moonvit_kernels.plots import markdown_table
 from moonvit_kernels.tools import emulation
 from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
@@ -329,7 +330,7 @@ if emulation.compiler() is None:
 else:
     a_bits, b_bits = float32_to_bf16_bits(a_e), float32_to_bf16_bits(b_e)
     a_r, b_r = (bf16_bits_to_float32(x).astype(np.float64) for x in (a_bits, b_bits))
-    got_bf16 = emulation.gemm(a_bits, b_bits)  # bf16 in, fp32 out
+    got_bf16 = emulation.run(launchers.gemm, a_bits, b_bits)  # bf16 in, fp32 out
     exact_bf16 = a_r @ b_r.T
     bound_bf16 = 8 * FP32_EPS * np.sqrt(k_e) * (np.abs(a_r) @ np.abs(b_r).T)
     assert np.all(np.abs(got_bf16 - exact_bf16) <= bound_bf16), "gemm_bf16.cu beyond the bound"
@@ -430,12 +431,12 @@ if emulation.compiler() is None or hd_e not in emulation.HEAD_DIMS:
 else:
     from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
 
-    o_c, lse_c = emulation.attention(qkv_e, cu_e, heads_e, hd_e)
+    o_c, lse_c = emulation.run(launchers.attention, qkv_e, cu_e, heads_e, hd_e)
     atol_e = (score_err_e + rtol_e) * np.abs(v_e).max()
     np.testing.assert_allclose(o_c, ref_o_e, rtol=rtol_e, atol=atol_e, err_msg="fp32")
     np.testing.assert_allclose(lse_c, ref_lse_e, rtol=rtol_e, atol=score_err_e, err_msg="fp32 lse")
     bits = float32_to_bf16_bits(qkv_e)
-    o_b, lse_b = emulation.attention(bits, cu_e, heads_e, hd_e)
+    o_b, lse_b = emulation.run(launchers.attention, bits, cu_e, heads_e, hd_e)
     o_b = bf16_bits_to_float32(o_b)
     q_r, k_r, v_r = (
         bf16_bits_to_float32(bits[:, s_ * Q_e : (s_ + 1) * Q_e]).reshape(L_e, heads_e, hd_e) for s_ in range(3)

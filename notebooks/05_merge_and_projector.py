@@ -172,6 +172,7 @@ merged = got
 # time. Run on the CPU emulator against the same reference:
 
 # %%
+from moonvit_kernels.cuda_backend import launchers
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
 from moonvit_kernels.tools import emulation
 
@@ -179,9 +180,9 @@ print((KERNEL_DIR / "merge.cu").read_text(encoding="utf-8"))
 if emulation.compiler() is None:
     print("no C++ compiler (g++ >= 11) here: the CUDA C emulator cannot run")
 else:
-    src_table = emulation.merge_sources(awkward_grid, (kh, kw))
+    src_table = launchers.merge_sources(awkward_grid, (kh, kw))
     print("merge_src rows (base, t, frame_stride, w) of the first 3 merged tokens:", src_table[:3].tolist())
-    got_c = emulation.tpool_merge(xr, src_table, (kh, kw))
+    got_c = emulation.run(launchers.tpool_merge, xr, src_table, (kh, kw))
     want_c = np.concatenate(
         [m.reshape(m.shape[0], -1) for m in reference.tpool_patch_merger(xr.astype(np.float64), awkward_grid, (kh, kw))]
     )

@@ -138,6 +138,7 @@ print(f"position embedding kernel: max error {np.abs(got - want).max():.1e}")
 # run here on the CPU emulator (g++) and checked the same way:
 
 # %%
+from moonvit_kernels.cuda_backend import launchers
 from moonvit_kernels.cuda_backend.sources import KERNEL_DIR
 from moonvit_kernels.tools import emulation
 
@@ -150,9 +151,9 @@ else:
     grid_e = np.array([[1, 3, 5], [2, 2, 2]])
     x_e = rng.standard_normal((int(np.prod(grid_e, axis=1).sum()), config.vt_hidden_size)).astype(np.float32)
     mode = config.pos_emb_interpolation_mode
-    got_c = emulation.add_position_embedding_inplace(
-        x_e.copy(), emulation.token_positions(grid_e), grid_e, pos_weight, table, mode
-    )
+    got_c = x_e.copy()  # the kernel adds in place
+    tables = (launchers.token_positions(grid_e), grid_e.astype(np.int32), pos_weight, table)
+    emulation.run(launchers.add_position_embedding_inplace, got_c, *tables, mode)
     want_e = reference.add_position_embedding(x_e.astype(np.float64), grid_e, pos_weight.astype(np.float64), config)
     np.testing.assert_allclose(got_c, want_e, rtol=1e-5, atol=1e-5)
     print(f"CPU emulator of pos_emb.cu, items {grid_e.tolist()}: max error {np.abs(got_c - want_e).max():.1e}")

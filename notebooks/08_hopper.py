@@ -72,9 +72,11 @@ t_start = time.perf_counter()
 rng = np.random.default_rng(8)
 HAVE_CXX = compiler() is not None
 if HAVE_CXX:
+    from moonvit_kernels.cuda_backend import launchers
     from moonvit_kernels.tools import emulation
     from moonvit_kernels.tools.emulation import hopper
 
+    trusted = emulation.OnEmulator(launchers)  # the mma.sync kernels' launchers, run on the CPU emulator
     t0 = time.perf_counter()
     hopper.library()  # built once per source version (about 15 s on 2 cores), then cached
     emulation.library()
@@ -471,7 +473,7 @@ from moonvit_kernels.cuda_backend import selfcheck
 
 if HAVE_CXX:
     probe = selfcheck.gemm_probe(np)
-    good = selfcheck.FirstUseCheck("gemm_bf16_sm90", hopper.gemm, emulation.gemm, probe, rtol=1e-2)
+    good = selfcheck.FirstUseCheck("gemm_bf16_sm90", hopper.gemm, trusted.gemm, probe, rtol=1e-2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ok = good.check()
@@ -481,7 +483,7 @@ if HAVE_CXX:
     def planted(*args, **kwargs):
         return hopper.gemm(*args, fault=1, **kwargs)
 
-    bad = selfcheck.FirstUseCheck("gemm_bf16_sm90", planted, emulation.gemm, probe, rtol=1e-2)
+    bad = selfcheck.FirstUseCheck("gemm_bf16_sm90", planted, trusted.gemm, probe, rtol=1e-2)
     a, _ = bf16_inputs((5, 24))
     b, _ = bf16_inputs((3, 24))
     with warnings.catch_warnings(record=True) as caught:
@@ -489,10 +491,10 @@ if HAVE_CXX:
         answer = bad(a, b)  # the first call runs the check, then answers with the kernel it trusts
     print(f"planted fault: verified={bad.verified}; the warning:\n  {caught[0].category.__name__}: {caught[0].message}")
     assert bad.verified is False and issubclass(caught[0].category, selfcheck.SelfCheckWarning)
-    np.testing.assert_array_equal(answer, emulation.gemm(a, b))  # the answer came from the trusted kernel
+    np.testing.assert_array_equal(answer, trusted.gemm(a, b))  # the answer came from the trusted kernel
 
     attn = selfcheck.FirstUseCheck(
-        "flash_attn_sm90", hopper.attention, emulation.attention, selfcheck.attention_probe(np, 64), rtol=1e-2
+        "flash_attn_sm90", hopper.attention, trusted.attention, selfcheck.attention_probe(np, 64), rtol=1e-2
     )
     print(f"flash_attn_sm90 (hd 64, items of 70, 1 and 60 tokens): verified={attn.check()}, "
           f"max relative difference {attn.error:.2g}")  # fmt: skip

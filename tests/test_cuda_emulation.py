@@ -21,8 +21,28 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def k():
+    from moonvit_kernels.cuda_backend import launchers
+
     emulation.library()  # build once (cached per user by source hash (private_dirs))
-    return emulation
+    return emulation.OnEmulator(launchers)
+
+
+def test_run_takes_numpy_and_keeps_in_place_updates(k):
+    """`emulation.run`: NumPy in, NumPy out (tuples too); an array passed twice is one device array, so
+    `residual=x, out=x` adds into x and returns x itself; an input the launcher only reads is left as it was
+    (a read-only one too)."""
+    from moonvit_kernels.cuda_backend import launchers
+
+    rng = np.random.default_rng(3)
+    a, b, x = (rng.standard_normal(s).astype(np.float32) for s in ((5, 8), (3, 8), (5, 3)))
+    a.flags.writeable = False
+    want = x + a.astype(np.float64) @ b.T.astype(np.float64)
+    got = emulation.run(launchers.gemm, a, b, epilogue="residual", residual=x, out=x)
+    assert got is x
+    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-5)
+    qkv = rng.standard_normal((6, 3 * 8)).astype(np.float32)
+    out, lse = k.attention(qkv, np.array([0, 2, 6]), 1, 8)
+    assert type(out) is np.ndarray and type(lse) is np.ndarray and out.shape == (6, 8) and lse.shape == (6, 1)
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 2e-5), ("bfloat16", 2e-2)])
@@ -52,8 +72,6 @@ class _DeviceModule:
 def _device_backends(k, device, seed):
     """(pixels, grid, the host-path bf16 forward's outputs, a CupyBackend whose kernels see `device` as their
     array module) on the tiny config."""
-    import types
-
     from cuda_kernel_checks import random_pixels, random_weights
 
     from moonvit_kernels.cuda_backend.backend import CupyBackend
@@ -63,7 +81,7 @@ def _device_backends(k, device, seed):
     weights = random_weights(config, 3)
     pixels = random_pixels(grid, config.patch_size, seed=seed)
     want = CupyBackend(config, weights, dtype="bfloat16", kernels=k).forward(pixels, grid, as_numpy=True)
-    kernels = types.SimpleNamespace(**{n: getattr(k, n) for n in dir(k) if not n.startswith("__")})
+    kernels = emulation.OnEmulator(k.module)
     kernels.array_module = lambda: device
     return pixels, grid, want, CupyBackend(config, weights, dtype="bfloat16", kernels=kernels)
 

@@ -88,9 +88,10 @@ class Sm90Emulation:
     """The portable emulator, presenting itself as a compute capability 9.0 device."""
 
     def __getattr__(self, name):
+        from moonvit_kernels.cuda_backend import launchers
         from moonvit_kernels.tools import emulation
 
-        return getattr(emulation, name)
+        return getattr(emulation.OnEmulator(launchers), name)
 
     @staticmethod
     def compute_capability() -> str:
@@ -127,8 +128,10 @@ def _backend(hopper_kernels, **kwargs):
 def test_backend_uses_the_hopper_kernels_on_sm90(recwarn):
     """hopper=None on a "9.0 device": Hopper GEMMs and attention after their checks pass, the same result
     as the mma.sync backend within bf16 rounding; odd K and unaligned operands take gemm_bf16_tc."""
+    from moonvit_kernels.cuda_backend import launchers
     from moonvit_kernels.tools import emulation
     from moonvit_kernels.tools.emulation import hopper
+    from moonvit_kernels.weights import float32_to_bf16_bits
 
     backend = _backend(hopper)
     plain = _backend(hopper, hopper=False)
@@ -147,8 +150,8 @@ def test_backend_uses_the_hopper_kernels_on_sm90(recwarn):
     assert plain.describe()["hopper"] == "off (hopper=False)" and plain.describe()["gemm"] == "gemm_bf16_tc"
 
     rng = np.random.default_rng(7)
-    a, b = emulation.to_bf16(rng.standard_normal((5, 12))), emulation.to_bf16(rng.standard_normal((3, 12)))
-    np.testing.assert_array_equal(backend.gemm(a, b), emulation.gemm(a, b))  # K = 12: not a multiple of 8
+    a, b = (float32_to_bf16_bits(rng.standard_normal(s).astype(np.float32)) for s in ((5, 12), (3, 12)))  # K = 12:
+    np.testing.assert_array_equal(backend.gemm(a, b), emulation.run(launchers.gemm, a, b))  # not a multiple of 8
     # an operand 2 bytes past 16-byte alignment (the emulators assume aligned arrays: a recording stand-in)
     shifted = np.empty(5 * 16 + 1, np.uint16)[1:].reshape(5, 16)
     calls = []
@@ -171,6 +174,7 @@ def test_backend_falls_back_when_a_hopper_kernel_fails_its_check():
 
 
 def test_backend_switch_errors():
+    from moonvit_kernels.cuda_backend import launchers
     from moonvit_kernels.cuda_backend.backend import CupyBackend
     from moonvit_kernels.tools import emulation
 
@@ -179,7 +183,7 @@ def test_backend_switch_errors():
     with pytest.raises(ValueError, match="dtype 'bfloat16'"):
         CupyBackend(config, weights, "float32", kernels=Sm90Emulation(), hopper=True)
     with pytest.raises(ValueError, match="compute capability 9.0.*unknown"):
-        CupyBackend(config, weights, "bfloat16", kernels=emulation, hopper=True)
+        CupyBackend(config, weights, "bfloat16", kernels=emulation.OnEmulator(launchers), hopper=True)
     fp32 = CupyBackend(config, weights, "float32", kernels=Sm90Emulation())
     assert fp32.hopper is False and "float32" in fp32.describe()["hopper"]
     assert fp32.describe()["gemm"] == "gemm_fp32_simt" and fp32.describe()["attention"] == "flash_attn_fp32"
@@ -198,14 +202,15 @@ def test_environment_switch_turns_the_backend_off(monkeypatch):
 def test_hopper_checks_cover_both_tile_widths_and_attention():
     """The checks gpu_check runs in a subprocess, here on the emulators: all pass; with the planted
     mismatch both GEMM widths fail, each named, and attention still passes."""
-    from moonvit_kernels.cuda_backend import selfcheck
+    from moonvit_kernels.cuda_backend import launchers, selfcheck
     from moonvit_kernels.tools import emulation
     from moonvit_kernels.tools.emulation import hopper
 
-    checks = selfcheck.hopper_checks(np, hopper, emulation, head_dim=24)
+    trusted = emulation.OnEmulator(launchers)
+    checks = selfcheck.hopper_checks(np, hopper, trusted, head_dim=24)
     assert sorted(checks) == ["flash_attn_sm90", "gemm_bf16_sm90 bn128", "gemm_bf16_sm90 bn256"]
     assert all(c.check() for c in checks.values()), {k: c.error for k, c in checks.items()}
-    bad = selfcheck.hopper_checks(np, FaultyHopper(), emulation, head_dim=24)
+    bad = selfcheck.hopper_checks(np, FaultyHopper(), trusted, head_dim=24)
     with pytest.warns(selfcheck.SelfCheckWarning) as caught:
         verdicts = {k: c.check() for k, c in bad.items()}
     assert verdicts == {"gemm_bf16_sm90 bn128": False, "gemm_bf16_sm90 bn256": False, "flash_attn_sm90": True}

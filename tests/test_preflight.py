@@ -91,9 +91,10 @@ class _Sm90Emulation:
     """The portable emulator presenting itself as a compute capability 9.0 device (nothing is launched here)."""
 
     def __getattr__(self, name):
+        from moonvit_kernels.cuda_backend import launchers
         from moonvit_kernels.tools import emulation
 
-        return getattr(emulation, name)
+        return getattr(emulation.OnEmulator(launchers), name)
 
     @staticmethod
     def compute_capability() -> str:

@@ -13,14 +13,15 @@ models, and tests/test_ptx_conformance.py holds the real asm statements to it (`
 
 The emulator is a *device* (`emulation.device`): an object with CuPy's interface that the real
 launchers (`cuda_backend.launchers`, `hopper_launchers`) run on, argument marshalling, checks and
-launch geometry included. `build.py` is its one build recipe. The functions below are conveniences
-for tests and notebooks: the launchers' API on NumPy arrays (bf16 as uint16 bits) — each uploads its
-inputs to the emulated device, calls the real launcher and downloads the result.
+launch geometry included. `build.py` is its one build recipe. `run(launcher, ...)` runs any launcher
+on it from NumPy (bf16 as uint16 bits), and `OnEmulator(module)` is a launcher module whose
+functions all run that way (the checks of tests/cuda_kernel_checks.py take it for the GPU's).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +29,11 @@ import numpy as np
 
 from moonvit_kernels import registry
 from moonvit_kernels.cuda_backend import sources as kcuda
-from moonvit_kernels.cuda_backend.launchers import cu_seqlens_int32, merge_sources, token_positions  # noqa: F401  (same tables)
 from moonvit_kernels.tools.emulation import build, device
 from moonvit_kernels.tools.emulation.build import compiler
-from moonvit_kernels.weights import bf16_bits_to_float32, float32_to_bf16_bits
 
 HERE = Path(__file__).resolve().parent
 HEAD_DIMS = tuple(range(8, kcuda.MAX_HEAD_DIM + 1, 8))  # attention head dims the kernels (and so the emulator) take
-_DYNAMIC_SMEM = build.DYNAMIC_SMEM
-_EPI = kcuda.EPILOGUES
 
 
 @functools.cache
@@ -50,95 +47,52 @@ def library() -> None:
             build.build_module(kcuda.load_source(source), tuple(s.name for s in specs), False)
 
 
-# ============================================================================ the launchers API on NumPy
-def array_module() -> Any:
-    return np
+# ============================================================================ launchers from NumPy
+def run(launcher: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`launcher(*args, **kwargs)` on the emulated device, from NumPy: each NumPy array argument is uploaded
+    (once, however often it is passed), the launcher runs within `device.activated()`, array results come
+    back as NumPy arrays (in tuples and lists too), and an argument the launcher changed in place is written
+    back (a result that is an argument's device copy comes back as that argument)."""
+    copies: dict[int, tuple[np.ndarray, device.ndarray]] = {}
 
+    def up(a: Any) -> Any:
+        if not isinstance(a, np.ndarray) or isinstance(a, device.ndarray):
+            return a
+        if id(a) not in copies:
+            copies[id(a)] = (a, device.asarray(a))
+        return copies[id(a)][1]
 
-def to_bf16(x: np.ndarray) -> np.ndarray:
-    return float32_to_bf16_bits(np.asarray(x, dtype=np.float32))
-
-
-def from_bf16(bits: np.ndarray) -> np.ndarray:
-    return bf16_bits_to_float32(np.asarray(bits))
-
-
-def _up(a: Any) -> Any:
-    return None if a is None else device.asarray(np.ascontiguousarray(a))
-
-
-def _down(a: Any) -> np.ndarray:
-    return a.get()
-
-
-def _launchers() -> Any:
-    from moonvit_kernels.cuda_backend import launchers
-
-    return launchers
-
-
-def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32"):
-    """launchers.gemm on the emulated device (NumPy in and out; `out`, when given, is written in place)."""
     with device.activated():
-        got = _launchers().gemm(
-            _up(a), _up(b), epilogue=epilogue, residual=_up(residual), out=_up(out), out_dtype=out_dtype
-        )
-        host = _down(got)
-    if out is not None:
-        out[...] = host
-        return out
-    return host
+        got = launcher(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
+    for host, copy in copies.values():
+        if host.tobytes() != copy.tobytes():
+            host[...] = copy.view(np.ndarray)
+    return _download(got, {id(copy): host for host, copy in copies.values()})
 
 
-def rmsnorm(x, weight, eps, *, out=None, out_dtype="float32", return_rstd=False):
-    """launchers.rmsnorm on the emulated device."""
-    with device.activated():
-        got = _launchers().rmsnorm(
-            _up(x), _up(np.asarray(weight, np.float32)), eps, out=_up(out), out_dtype=out_dtype, return_rstd=True
-        )
-        y, rstd = _down(got[0]), _down(got[1])
-    if out is not None:
-        out[...] = y
-        y = out
-    return (y, rstd) if return_rstd else y
+def _download(got: Any, hosts: dict[int, np.ndarray]) -> Any:
+    """`got` with device arrays as NumPy: an argument's device copy as that argument (`hosts`, by the copy's id)."""
+    if isinstance(got, (tuple, list)):
+        return type(got)(_download(g, hosts) for g in got)
+    if id(got) in hosts:
+        return hosts[id(got)]
+    return got.get() if isinstance(got, device.ndarray) else got
 
 
-def rope_inplace(qkv, token_pos, freqs, num_heads, head_dim):
-    """launchers.rope_inplace on the emulated device (qkv updated in place)."""
-    with device.activated():
-        d = _up(qkv)
-        _launchers().rope_inplace(d, _up(np.asarray(token_pos, np.int32)), _up(np.asarray(freqs, np.float32)),
-                                  num_heads, head_dim)  # fmt: skip
-        qkv[...] = _down(d)
-    return qkv
+class OnEmulator:
+    """Launcher module `module` (`launchers`, `hopper_launchers`) with every function run on the emulated device
+    from NumPy (`run`): `OnEmulator(launchers).gemm(a, b)`. Its `array_module()` is NumPy."""
 
+    def __init__(self, module: Any):
+        self.module = module
 
-def attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
-    """launchers.attention on the emulated device: (out [L, H·hd], lse [L, H])."""
-    with device.activated():
-        cu_dev = None if cu_seqlens_device is None else _up(np.asarray(cu_seqlens_device, np.int32))
-        o, lse = _launchers().attention(_up(qkv), np.asarray(cu_seqlens), num_heads, head_dim, cu_dev)
-        return _down(o), _down(lse)
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.module, name)
+        return functools.partial(run, attr) if callable(attr) else attr
 
+    def __dir__(self) -> list[str]:
+        return sorted({*dir(self.module), "array_module", "module"})
 
-def add_position_embedding_inplace(x, token_pos, grid_thws, pos_weight, time_table, mode):
-    """launchers.add_position_embedding_inplace on the emulated device (x updated in place)."""
-    with device.activated():
-        d = _up(x)
-        _launchers().add_position_embedding_inplace(
-            d,
-            _up(np.asarray(token_pos, np.int32)),
-            _up(np.asarray(grid_thws, np.int32)),
-            _up(np.asarray(pos_weight, np.float32)),
-            _up(np.asarray(time_table, np.float32)),
-            mode,
-        )
-        x[...] = _down(d)
-    return x
-
-
-def tpool_merge(x, merge_src, merge_kernel_size, out_dtype="float32"):
-    """launchers.tpool_merge on the emulated device."""
-    with device.activated():
-        src = _up(np.asarray(merge_src, np.int32))
-        return _down(_launchers().tpool_merge(_up(x), src, merge_kernel_size, out_dtype))
+    @staticmethod
+    def array_module() -> Any:
+        return np

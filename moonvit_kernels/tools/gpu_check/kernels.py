@@ -11,13 +11,12 @@ the X-ray needs for its bound (`model.xray_bound`: catalogue label, FLOPs, compu
 Each stage has one function here that makes its case for every backend (`gemm_case`, `attention_case`,
 `rmsnorm_case`, `rope_case`, `pos_emb_case`, `merge_case`); a backend brings its arrays (`NumbaArrays`,
 `XpArrays`), its launch and the names its report rows carry (`Names`). FLOPs and bytes come from
-`moonvit_kernels.launch_model` at the case's sizes (`case_sizes`). `numba_cases` lists the numba.cuda
-kernels (device arrays; a GPU or the simulator), `cuda_cases` the CUDA C kernels through a launcher module
-with the API of `cuda_backend.launchers` (CuPy on a GPU, `tools.emulation` on the CPU), `hopper_cases` the
-Hopper kernels (gemm_bf16_sm90 at both tile widths, flash_attn_sm90) through `hopper_launchers` (sm_90
-GPUs) or `emulation.hopper`. All yield `(name, case)` pairs: a `Case` knows its report fields (`info`) at
-once and allocates nothing until it is called, so that nothing is allocated before the section's budget
-allows it.
+`moonvit_kernels.launch_model` at the case's sizes (`case_sizes`). `numba_cases` lists the numba.cuda kernels
+(device arrays; a GPU or the simulator), `cuda_cases` the CUDA C kernels through a launcher module with the
+API of `cuda_backend.launchers` (CuPy on a GPU, `emulation.OnEmulator(launchers)` on the CPU), `hopper_cases`
+the Hopper kernels (gemm_bf16_sm90 at both tile widths, flash_attn_sm90) through `hopper_launchers` (sm_90
+GPUs) or `emulation.hopper`. All yield `(name, case)` pairs: a `Case` knows its report fields (`info`) at once
+and allocates nothing until it is called, so that nothing is allocated before the section's budget allows it.
 """
 
 from __future__ import annotations

@@ -99,14 +99,16 @@ def cuda_where(plan: Plan, gpu: str | None) -> Where:
 
 # ============================================================================ where the kernel modules come from
 def cuda_kernels_module(plan: Plan) -> Any:
-    """The launcher module for the CUDA C kernels: CuPy launchers on a GPU, the emulator under --simulate."""
+    """The launcher module for the CUDA C kernels: CuPy launchers on a GPU; under --simulate the same launchers
+    on the emulated device, from NumPy (`emulation.OnEmulator`)."""
     if plan.simulate:
+        from moonvit_kernels.cuda_backend import launchers
         from moonvit_kernels.tools import emulation
 
         if emulation.compiler() is None:
             raise ImportError("the CUDA C emulator needs a C++20 compiler (g++ >= 11): none found")
         emulation.library()
-        return emulation
+        return emulation.OnEmulator(launchers)
     import cupy  # noqa: F401  (ImportError: reported as a skip)
 
     from moonvit_kernels.cuda_backend import launchers
