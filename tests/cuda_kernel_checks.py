@@ -1,7 +1,8 @@
 """Checks of the CUDA C kernels against the NumPy reference, shared by two test tiers.
 
-Each check takes `k`, a launcher module with the API of `moonvit_kernels.cuda_backend.launchers`: the real
-one on a GPU or the CPU emulation (classes TestGpu and TestCudaEmulator of tests/stages/test_<stage>.py). Inputs
+Each check takes `k`, a launcher module with the API of `moonvit_kernels.cuda_backend.launchers`: that module on a
+GPU, or the same launchers on the CPU emulator from NumPy, `emulation.OnEmulator(launchers)` (classes TestGpu and
+TestCudaEmulator of tests/stages/test_<stage>.py). Inputs
 are random and non-uniform; bf16 kernels are compared with a float64 reference computed on the
 same bf16-rounded inputs, so the tolerance only has to cover fp32 accumulation and the rounding of
 the outputs (2^-8 relative), never the input rounding. Output buffers the kernels allocate start
