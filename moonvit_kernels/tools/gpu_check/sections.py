@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from moonvit_kernels.tools import SOURCE_ROOT
 from moonvit_kernels.tools.gpu_check import faults
 from moonvit_kernels.tools.gpu_check.baselines import Baselines
 from moonvit_kernels.tools.gpu_check.kernels import Builder, KernelCase, cuda_cases, hopper_cases, numba_cases
@@ -245,8 +246,7 @@ def numba_build_item(sink: Any) -> None:
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    root = str(Path(__file__).resolve().parents[3])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SOURCE_ROOT), env.get("PYTHONPATH", "")]))
     r = subprocess.run(
         [sys.executable, "-m", "moonvit_kernels.tools.gpu_check.numba_build"], env=env, capture_output=True, text=True
     )
