@@ -208,10 +208,11 @@ def _make_gemm_v4(epilogue: str):
 
     EPILOGUE = gemm.EPILOGUE_IDS[epilogue]
     T = 8
+    T_PADDED = T + 1  # a shared array's shape must be a constant: `T + 1` inside the kernel does not compile
 
     def gemm_v4(A, B, R, C, M, N, K):
         a_tile = cuda.shared.array((T, T), float32)
-        b_tile = cuda.shared.array((T, T + 1), float32)
+        b_tile = cuda.shared.array((T, T_PADDED), float32)
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
         m = cuda.blockIdx.y * T + ty
