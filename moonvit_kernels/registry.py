@@ -188,15 +188,15 @@ REGISTERS_MEASURED_WITH = {
 # The widest measured gap between one build (toolchain, arch) and a kernel's number: gemm v3, 72 on sm_89 vs 96
 REGISTER_SPREAD = 24
 _NUMBA_GEMM_EPILOGUES = ("none", "gelu_tanh", "gelu_erf", "residual")  # numba_backend.gemm.EPILOGUES
-# version: (tile_m, tile_n of the shared loads (gemm.TILES), threads per block, {compiler: registers}, trace M, N, K)
+# version: (tile_m, tile_n of the shared loads (gemm.TILES), threads per block, {compiler: registers}, trace M, N, K,
+# register-blocked: its inner loop keeps the SASS budget per FFMA (compile_check --sass))
 _NUMBA_GEMM = {
-    1: (None, None, 256, {NC: 30, MLIR: 40}, (16, 16, 48)),
-    2: (16, 16, 256, {NC: 40, MLIR: 40}, (16, 16, 48)),
-    3: (64, 64, 256, {NC: 96, MLIR: 96}, (64, 64, 32)),
+    1: (None, None, 256, {NC: 30, MLIR: 40}, (16, 16, 48), False),
+    2: (16, 16, 256, {NC: 40, MLIR: 40}, (16, 16, 48), False),
+    3: (64, 64, 256, {NC: 96, MLIR: 96}, (64, 64, 32), True),
 }
 _NUMBA_TOWER_GEMM = 3  # the version the numba tower runs (numba_backend.backend): the one notebooks 05, 06 predict
 _TOWER_NOTEBOOK = {"gelu_erf": "05", "gelu_tanh": "06", "residual": "06"}  # the projector's GELU, the encoder's
-_NUMBA_FIRST_BLOCKED_GEMM = 3  # from v3 on the GEMMs are register-blocked: their inner loops keep the SASS budget
 _NUMBA_V1_THREADS = 128  # numba_backend.attention.V1_THREADS
 _NUMBA_V2_BLOCK = (32, 16)  # numba_backend.attention.V2_BLOCK_Q, V2_BLOCK_K
 _NUMBA_ATTENTION_REGISTERS = {  # (version, head_dim): {compiler: registers}
@@ -221,13 +221,13 @@ def _numba(stage: str, label: str, threads: int, model: lm.Model, registers: dic
 
 def _numba_entries() -> list[KernelEntry]:
     out = []
-    for v, (tile_m, tile_n, threads, regs, trace_mnk) in _NUMBA_GEMM.items():
+    for v, (tile_m, tile_n, threads, regs, trace_mnk, blocked) in _NUMBA_GEMM.items():
         for ep in _NUMBA_GEMM_EPILOGUES:
             out.append(
                 _numba(
                     "gemm", f"gemm_v{v}_{ep}", threads, lm.gemm(ep, 4, 4, tile_m, tile_n), regs, version=f"v{v}",
                     specialisation=ep, module="gemm", kernel="KERNELS", args=(v, ep), trace_job=f"gemm_v{v}",
-                    trace_size=trace_mnk, hot_loop=v >= _NUMBA_FIRST_BLOCKED_GEMM,
+                    trace_size=trace_mnk, hot_loop=blocked,
                     notebook="01" if ep == "none" else _TOWER_NOTEBOOK[ep] if v == _NUMBA_TOWER_GEMM else "",
                 )
             )  # fmt: skip

@@ -255,14 +255,18 @@ def test_adding_a_real_gemm_version_is_all_it_takes(monkeypatch, tmp_path):
         gemm, "launch_config", lambda v, M, N: ((-(-N // 8), -(-M // 8)), (8, 8)) if v == 4 else launch_config(v, M, N)
     )
     # the registry's line
-    monkeypatch.setitem(registry._NUMBA_GEMM, 4, (8, 8, 64, {"numba-cuda": 40, "numba-cuda-mlir": 40}, (16, 16, 48)))
+    blocked = False  # v2's scheme, not register-blocked: no SASS budget per FFMA (the row says so)
+    monkeypatch.setitem(
+        registry._NUMBA_GEMM, 4, (8, 8, 64, {"numba-cuda": 40, "numba-cuda-mlir": 40}, (16, 16, 48), blocked)
+    )
     monkeypatch.setattr(registry, "REGISTRY", [*registry._numba_entries(), *registry._portable_entries(),
                                                *registry._hopper_entries()])  # fmt: skip
     labels = {f"gemm_v4_{ep}" for ep in gemm.EPILOGUES}
 
-    # compiled (the compile tier's list), with its register table and the SASS budget of a blocked GEMM
+    # compiled (the compile tier's list), with its register table; the SASS budget where the row says blocked
     assert labels <= {e.label for e in registry.numba_entries()}
-    assert registers_for("numba-cuda")["gemm_v4_none"] == 40 and labels <= registry.hot_loop_labels()
+    assert registers_for("numba-cuda")["gemm_v4_none"] == 40 and not labels & registry.hot_loop_labels()
+    assert {f"gemm_v3_{ep}" for ep in gemm.EPILOGUES} <= registry.hot_loop_labels()
     built = []
     monkeypatch.setattr(compile_check, "build_kernel", lambda fn, sig, regs, module, cc: built.append(fn.__name__)
                         or (compile_check.KernelReport(module, fn.__name__, sig, regs), None))  # fmt: skip
