@@ -72,13 +72,14 @@ t_start = time.perf_counter()
 rng = np.random.default_rng(8)
 HAVE_CXX = compiler() is not None
 if HAVE_CXX:
-    from moonvit_kernels.cuda_backend import launchers
+    from moonvit_kernels.cuda_backend import hopper_launchers, launchers
     from moonvit_kernels.tools import emulation
     from moonvit_kernels.tools.emulation import hopper
 
     trusted = emulation.OnEmulator(launchers)  # the mma.sync kernels' launchers, run on the CPU emulator
+    sm90 = emulation.OnEmulator(hopper_launchers)  # the Hopper kernels' launchers, run on the CPU emulator
     t0 = time.perf_counter()
-    hopper.library()  # built once per source version (about 15 s on 2 cores), then cached
+    hopper.library()  # the probes of the Hopper models, built once per source version, then cached
     emulation.library()
     print(f"CPU emulators ready in {time.perf_counter() - t0:.1f} s (CPU)")
 else:
@@ -378,11 +379,12 @@ show("flash_attn_sm90.cu", "attn_sm90_pv")
 # %% [markdown]
 # ## 7. Both kernels on the CPU emulator, against NumPy
 #
-# The emulator compiles the two `.cu` files unchanged with g++, against models of wgmma (descriptor
-# decoding, swizzle modes, fence/commit/wait: accumulators read as NaN until the wait that retires
-# their group, and a copy or store into shared memory that a running wgmma reads is reported as a
-# race), tensor maps and bulk copies (zero fill), mbarriers (phases, tx counts, deadlocks) and
-# setmaxnreg (the register pool, checked). Every CUDA thread is a fiber; see `emulation/hopper.cuh`.
+# The Hopper kernels' real launchers (`hopper_launchers`) run on the emulated device
+# (`emulation.OnEmulator`), which compiles the two `.cu` files unchanged with g++, against models of
+# wgmma (descriptor decoding, swizzle modes, fence/commit/wait: accumulators read as NaN until the
+# wait that retires their group, and a copy or store into shared memory that a running wgmma reads is
+# reported as a race), tensor maps and bulk copies (zero fill), mbarriers (phases, tx counts,
+# deadlocks) and setmaxnreg (the register pool, checked). Every CUDA thread is a fiber; see `emulation/hopper.cuh`.
 #
 # GEMM at sizes with tails everywhere, compared with a float64 product of the **bf16-rounded** inputs,
 # so the bound covers fp32 accumulation (`8·eps·√K·(|A|·|B|ᵀ)`, as in notebook 01) plus the rounding
@@ -411,7 +413,7 @@ if HAVE_CXX:
         b, b64 = bf16_inputs((N, K), 1 / math.sqrt(K))
         lin = a64 @ b64.T
         want = reference.gelu_tanh(lin) if epilogue == "gelu_tanh" else lin
-        got = hopper.gemm(a, b, epilogue=epilogue, out_dtype=out_dtype, block_n=block_n)
+        got = sm90.gemm(a, b, epilogue=epilogue, out_dtype=out_dtype, block_n=block_n)
         got = bf16_bits_to_float32(got) if got.dtype == np.uint16 else got
         rel = BF16_ULP if out_dtype == "bfloat16" else 16 * FP32_EPS
         bound = 1.2 * 8 * FP32_EPS * math.sqrt(K) * (np.abs(a64) @ np.abs(b64).T) + rel * np.abs(want) + 1e-30
@@ -437,7 +439,7 @@ if HAVE_CXX:
         cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
         q, k, v = (qkv64[:, s * Q : (s + 1) * Q].reshape(L, heads, head_dim) for s in range(3))
         want, want_lse = reference.attention(q, k, v, cu, return_lse=True)
-        out, lse = hopper.attention(qkv, cu, heads, head_dim)
+        out, lse = sm90.attention(qkv, cu, heads, head_dim)
         out = bf16_bits_to_float32(out).reshape(L, heads, head_dim)
         err, lse_err = np.abs(out - want), np.abs(lse - want_lse)
         bound = BF16_ULP * np.abs(want) + 2 * BF16_ULP * np.abs(v).max()
@@ -459,10 +461,9 @@ else:
 # (`gemm_probe`: 70×136×72 with an fp32 and a bf16-GELU output) through the new kernel and through the
 # trusted mma.sync kernel the first time it is called, and if they disagree — or the new kernel
 # raises — it warns once, naming the kernel, and uses the trusted one for the rest of the process.
-# Here both sides run on the emulators, and the emulator can plant a bug to show the fallback
-# (`fault=1`: B's tensor map starts 8 elements late, so every element of B is off by 8 and the last
-# row reads 16 bytes past the end of B — the size of the error printed below changes from run to run,
-# the verdict does not).
+# Here both sides run on the emulators, and a planted bug shows the fallback: the kernel is given B as
+# it would read it if B's tensor map started 8 elements late (`hopper.read_late(b)`: every element of B
+# off by 8, the last ones zero).
 #
 # Which calls go to the Hopper kernels at all is decided in `cuda_backend/routing.py`: bf16 GEMMs with
 # `K % 8 == 0` and 16-byte aligned operands, bf16 attention with head dims up to 128, on compute
@@ -473,15 +474,15 @@ from moonvit_kernels.cuda_backend import selfcheck
 
 if HAVE_CXX:
     probe = selfcheck.gemm_probe(np)
-    good = selfcheck.FirstUseCheck("gemm_bf16_sm90", hopper.gemm, trusted.gemm, probe, rtol=1e-2)
+    good = selfcheck.FirstUseCheck("gemm_bf16_sm90", sm90.gemm, trusted.gemm, probe, rtol=1e-2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ok = good.check()
     print(f"correct kernel: verified={ok}, max relative difference {good.error:.2g}, warnings: {len(caught)}")
     assert ok and not caught
 
-    def planted(*args, **kwargs):
-        return hopper.gemm(*args, fault=1, **kwargs)
+    def planted(a, b, **kwargs):
+        return sm90.gemm(a, hopper.read_late(b), **kwargs)
 
     bad = selfcheck.FirstUseCheck("gemm_bf16_sm90", planted, trusted.gemm, probe, rtol=1e-2)
     a, _ = bf16_inputs((5, 24))
@@ -494,7 +495,7 @@ if HAVE_CXX:
     np.testing.assert_array_equal(answer, trusted.gemm(a, b))  # the answer came from the trusted kernel
 
     attn = selfcheck.FirstUseCheck(
-        "flash_attn_sm90", hopper.attention, trusted.attention, selfcheck.attention_probe(np, 64), rtol=1e-2
+        "flash_attn_sm90", sm90.attention, trusted.attention, selfcheck.attention_probe(np, 64), rtol=1e-2
     )
     print(f"flash_attn_sm90 (hd 64, items of 70, 1 and 60 tokens): verified={attn.check()}, "
           f"max relative difference {attn.error:.2g}")  # fmt: skip

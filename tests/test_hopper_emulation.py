@@ -80,8 +80,8 @@ def test_planted_fault_is_visible(hop):
         array_module = staticmethod(hop.array_module)
 
         @staticmethod
-        def gemm(*args, **kwargs):
-            return hop.gemm(*args, fault=1, **kwargs)
+        def gemm(a, b, **kwargs):
+            return hop.gemm(a, hop.read_late(b), **kwargs)
 
     with pytest.raises(AssertionError, match="gemm bfloat16->float32 none"):
         check_gemm(Faulty, 70, 72, 40, "bfloat16", "float32", "none")
@@ -140,15 +140,31 @@ def test_tensor_map_parameters():
         tensor_maps.attention_qkv_maps(10, 2, 136)
 
 
+def kernel_constant(source: str, expression: str):
+    """`int read(int p)` returning the C++ `expression` (of `p`), compiled after `source` (a Hopper kernel file)
+    into an emulator module with no kernels: the kernel's own compile-time constants, read from C."""
+    from moonvit_kernels.cuda_backend import sources as kcuda
+    from moonvit_kernels.tools.emulation import build
+
+    reader = f'\nextern "C" int moonvit_read(int p) {{ return {expression}; }}\n'
+    return build.build_module(kcuda.load_source(source) + reader, (), hopper=True).moonvit_read
+
+
 @needs_cxx
-def test_gpu_launchers_use_the_kernels_shared_memory_sizes(hop):
+def test_gpu_launchers_use_the_kernels_shared_memory_sizes():
     from moonvit_kernels.cuda_backend import hopper_launchers as hl
 
-    lib = hop.library()
+    gemm = kernel_constant(
+        "gemm_bf16_sm90.cu", "p == 256 ? GemmSm90Cfg<256>::SMEM_BYTES : GemmSm90Cfg<128>::SMEM_BYTES"
+    )
     for bn in (128, 256):
-        assert hl.gemm_smem_bytes(bn) == lib.hop_smem_bytes(0, bn)
-    for hd in (24, 64, 72, 128):  # the head dims hopper_driver.cpp instantiates
-        assert hl.attention_smem_bytes(hd) == lib.hop_smem_bytes(1, hd)
+        assert hl.gemm_smem_bytes(bn) == gemm(bn)
+    head_dims = (24, 64, 72, 128)
+    attention = kernel_constant(
+        "flash_attn_sm90.cu", " : ".join(f"p == {hd} ? AttnSm90Cfg<{hd}>::SMEM_BYTES" for hd in head_dims) + " : -1"
+    )
+    for hd in head_dims:
+        assert hl.attention_smem_bytes(hd) == attention(hd)
     assert len(set(hl.gemm_names())) == 16 and hl.gemm_name("bfloat16", "residual", 256) == GEMM_NAMES[-1]
 
 
@@ -235,8 +251,8 @@ def test_self_check_keeps_a_good_kernel(hop, recwarn):
 def test_self_check_falls_back_on_a_planted_mismatch(hop):
     from moonvit_kernels.cuda_backend import selfcheck
 
-    def faulty(*args, **kwargs):
-        return hop.gemm(*args, fault=1, **kwargs)
+    def faulty(a, b, **kwargs):
+        return hop.gemm(a, hop.read_late(b), **kwargs)
 
     gemm = selfcheck.FirstUseCheck("gemm_bf16_sm90", faulty, numpy_gemm, selfcheck.gemm_probe(np), rtol=1e-2)
     a, b = np.zeros((3, 16), np.uint16), np.zeros((5, 16), np.uint16)

@@ -1,7 +1,8 @@
 """The emulator rejects real Hopper kernels that break a hardware rule of the PTX ISA.
 
 A copy of the sm90 kernels is built with three defects planted by text substitution, each switched
-on at run time (`moonvit_plant`, one bit per defect, so a single extra build serves every case):
+on at run time (`moonvit_plant()`, one bit per defect of $MOONVIT_PLANT, so a single extra build of
+each kernel file serves every case), and launched by the real `hopper_launchers` on the emulated device:
   1  flash_attn_sm90.cu without the producer's `fence.proxy.async` after its ordinary stores of the
      transposed V tile, which wgmma then reads ("Async Proxy": a cross-proxy fence is required);
   2  gemm_bf16_sm90.cu without `fence.mbarrier_init` after the barriers' init, before the tensor
@@ -13,7 +14,7 @@ bit set the copy must compute the right answer (so the substitutions alone break
 models behind the rules are tested one by one in tests/test_hopper_layouts.py.
 """
 
-import mmap
+import contextlib
 import shutil
 
 import numpy as np
@@ -28,125 +29,109 @@ pytestmark = [
     pytest.mark.skipif(compiler() is None, reason="no C++ compiler (g++ >= 11) for the CUDA C emulation"),
 ]
 
-PLANT_SWITCH = 'inline int moonvit_plant = 0;\nextern "C" void moonvit_set_plant(int p) { moonvit_plant = p; }\n'
+PLANT_ENV = "MOONVIT_PLANT"
+LAUNCH_SECONDS = 300  # a contained launch's limit: far above a small launch's few seconds
+PLANT_SWITCH = (
+    "#include <cstdlib>\n"
+    f'inline int moonvit_plant() {{ const char* p = std::getenv("{PLANT_ENV}"); return p ? std::atoi(p) : 0; }}\n'
+)
 # (file, text in the real kernel, its planted replacement): each text occurs exactly once
 SUBSTITUTIONS = [
-    ("flash_attn_sm90.cu", "fence_proxy_async();", "if (!(moonvit_plant & 1)) fence_proxy_async();"),
-    ("gemm_bf16_sm90.cu", "fence_mbarrier_init();", "if (!(moonvit_plant & 2)) fence_mbarrier_init();"),
+    ("flash_attn_sm90.cu", "fence_proxy_async();", "if (!(moonvit_plant() & 1)) fence_proxy_async();"),
+    ("gemm_bf16_sm90.cu", "fence_mbarrier_init();", "if (!(moonvit_plant() & 2)) fence_mbarrier_init();"),
     (
         "gemm_bf16_sm90.cu",
         "SM90_DYNAMIC_SMEM(smem);",
-        "SM90_DYNAMIC_SMEM(smem_planted);\n  unsigned char* smem = smem_planted + (moonvit_plant & 4 ? 512 : 0);",
+        "SM90_DYNAMIC_SMEM(smem_planted);\n  unsigned char* smem = smem_planted + (moonvit_plant() & 4 ? 512 : 0);",
     ),
     ("gemm_bf16_sm90.cu", "+ 2 * STAGES * 8;", "+ 2 * STAGES * 8 + 1024;"),  # room for the shifted ring
 ]
+PLANTED_GEMM_SMEM_EXTRA = 1024  # the last substitution's growth of GemmSm90Cfg::SMEM_BYTES
+PLANTED_SOURCES = ("gemm_bf16_sm90.cu", "flash_attn_sm90.cu")
 
 
 def plant(directory) -> None:
-    """Write the sm90 kernel files into `directory` with SUBSTITUTIONS applied (the switch in gemm_bf16_sm90.cu,
-    which the emulator's driver includes first)."""
-    from moonvit_kernels.tools.emulation import hopper
-
-    for name in hopper.KERNEL_FILES:
-        shutil.copy(kcuda.KERNEL_DIR / name, directory / name)
+    """Write the kernel files (and their headers) into `directory` with SUBSTITUTIONS applied and the switch
+    at the top of each planted kernel file."""
+    for path in kcuda.KERNEL_DIR.glob("*.cu*"):
+        shutil.copy(path, directory / path.name)
     for name, old, new in SUBSTITUTIONS:
         text = (directory / name).read_text(encoding="utf-8")
         assert text.count(old) == 1, f"{name}: {old!r} occurs {text.count(old)} times; update the substitution"
         (directory / name).write_text(text.replace(old, new), encoding="utf-8")
-    gemm = directory / "gemm_bf16_sm90.cu"
-    gemm.write_text(PLANT_SWITCH + gemm.read_text(encoding="utf-8"), encoding="utf-8")
+    for name in PLANTED_SOURCES:
+        (directory / name).write_text(PLANT_SWITCH + (directory / name).read_text(encoding="utf-8"), encoding="utf-8")
 
 
-def use_kernels_from(monkeypatch, directory):
-    """Make the Hopper emulator build and load the kernel files of `directory` (a fresh library cache)."""
-    from moonvit_kernels.tools.emulation import hopper
+def _forget_modules() -> None:
+    """Drop the launchers' modules of this process, so the next launch builds (or finds) them anew."""
+    from moonvit_kernels.cuda_backend import hopper_launchers
 
-    monkeypatch.setattr(kcuda, "KERNEL_DIR", directory)
-    hopper.library.cache_clear()
+    hopper_launchers._module.cache_clear()
+    hopper_launchers._device_kernel.cache_clear()
+
+
+@contextlib.contextmanager
+def kernels_from(directory):
+    """The Hopper launchers build and load the kernel files of `directory` within, the real ones after."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kcuda, "KERNEL_DIR", directory)
+        _forget_modules()
+        try:
+            yield
+        finally:
+            _forget_modules()
 
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    """The emulator library of the planted copy, built (cached on disk by content) and loaded here, in the
-    parent process: the forked children only call it."""
-    from moonvit_kernels.tools.emulation import hopper
-
+    """Within: the launchers use the planted copy (built on first launch, cached on disk by content)."""
     directory = tmp_path_factory.mktemp("planted_sm90")
     plant(directory)
-    with pytest.MonkeyPatch.context() as mp:
-        use_kernels_from(mp, directory)
-        lib = hopper.library()
-    hopper.library.cache_clear()  # back to the real kernels
-    yield lib
-    hopper.library.cache_clear()
+    real_smem = kcuda.gemm_sm90_smem_bytes
+    with pytest.MonkeyPatch.context() as mp, kernels_from(directory):
+        mp.setattr(kcuda, "gemm_sm90_smem_bytes", lambda block_n: real_smem(block_n) + PLANTED_GEMM_SMEM_EXTRA)
+        yield
 
 
 class PlantedAbort(AssertionError):
-    """The emulator aborted the planted kernel; the message is its stderr."""
-
-
-def shared_like(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """A zeroed array in anonymous shared memory: a forked child's writes to it reach the parent."""
-    nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype, count=int(np.prod(shape))).reshape(shape)
+    """The emulator aborted the planted kernel; the message is the launch's error (the model's stderr in it)."""
 
 
 class Planted:
-    """The launchers' gemm / attention API (as cuda_kernel_checks calls it) on the planted copy with the
-    defects `bits` switched on. Each launch runs in a forked child (a defect aborts it: PlantedAbort);
-    the result comes back through shared memory and the reference is computed here, in the parent (a
-    child forked from a process with thread pools must not run threaded NumPy)."""
+    """The launchers' gemm / attention API (as cuda_kernel_checks calls it): `hopper_launchers` on the emulated
+    device (`emulation.run`) with the defects `bits` switched on. Each launch runs contained (in the device's
+    forked child, `device.contained_launches`), so a defect's abort comes back as PlantedAbort."""
 
-    def __init__(self, lib, bits: int):
-        self.lib, self.bits = lib, bits
+    def __init__(self, bits: int):
+        self.bits = bits
 
     @staticmethod
     def array_module():
         return np
 
-    def _launch(self, run) -> None:
-        from moonvit_kernels.tools.emulation import hopper
+    def _run(self, name: str, *args, **kwargs):
+        from moonvit_kernels.cuda_backend import hopper_launchers
+        from moonvit_kernels.tools import emulation
+        from moonvit_kernels.tools.emulation import device
 
-        def child():
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(hopper, "library", lambda: self.lib)
-                self.lib.moonvit_set_plant(self.bits)
-                run(hopper)
+        with pytest.MonkeyPatch.context() as mp, device.contained_launches(LAUNCH_SECONDS):
+            mp.setenv(PLANT_ENV, str(self.bits))
+            try:
+                return emulation.run(getattr(hopper_launchers, name), *args, **kwargs)
+            except device.LaunchStopped as e:
+                raise PlantedAbort(str(e)) from None
 
-        rc, err = hopper.run_forked(child)
-        if rc != 0:
-            raise PlantedAbort(f"exit {rc}: {err}")
-
-    def gemm(self, a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32"):
-        dtype = np.uint16 if out_dtype == "bfloat16" else np.float32
-        result = shared_like((a.shape[0], b.shape[0]), dtype)
-        if residual is not None:
-            result[...] = residual
-        self._launch(
-            lambda h: h.probe_gemm(
-                a, b, epilogue=epilogue, residual=None if residual is None else result, out=result, out_dtype=out_dtype
-            )  # fmt: skip
-        )
-        if out is None:
-            return np.array(result)
-        out[...] = result
-        return out
+    def gemm(self, a, b, **kwargs):
+        return self._run("gemm", a, b, **kwargs)
 
     def attention(self, qkv, cu_seqlens, num_heads, head_dim):
-        out = shared_like((qkv.shape[0], num_heads * head_dim), np.uint16)
-        lse = shared_like((qkv.shape[0], num_heads), np.float32)
-
-        def run(h):
-            o, m = h.probe_attention(qkv, cu_seqlens, num_heads, head_dim)
-            out[...], lse[...] = o, m
-
-        self._launch(run)
-        return np.array(out), np.array(lse)
+        return self._run("attention", qkv, cu_seqlens, num_heads, head_dim)
 
 
-def run_checked(planted_lib, bits: int, kernel: str) -> None:
+def run_checked(bits: int, kernel: str) -> None:
     """One small launch of the planted copy with defects `bits`, compared with the reference."""
-    k = Planted(planted_lib, bits)
+    k = Planted(bits)
     if kernel == "gemm":  # one K tile: the shifted ring's later stages are never filled
         check_gemm(k, 70, 72, 40, "bfloat16", "float32", "none", seed=3)
     else:
@@ -164,15 +149,15 @@ def run_checked(planted_lib, bits: int, kernel: str) -> None:
 )
 def test_emulator_rejects_a_planted_defect(planted, bits, kernel, messages):
     with pytest.raises(PlantedAbort) as abort:
-        run_checked(planted, bits, kernel)
-    assert "exit -6" in str(abort.value)  # SIGABRT: a model's check, not a crash
+        run_checked(bits, kernel)
+    assert "SIGABRT" in str(abort.value)  # a model's check, not a crash
     for m in messages:
         assert m in str(abort.value)
 
 
 @pytest.mark.parametrize("kernel", ["gemm", "attention"])
 def test_planted_copy_without_defects_is_correct(planted, kernel):
-    run_checked(planted, 0, kernel)
+    run_checked(0, kernel)
 
 
 def test_dynamic_shared_memory_starts_1024_aligned():

@@ -1,13 +1,14 @@
 """The Hopper (sm_90a) kernels on the CPU, and probes of the Hopper models one at a time.
 
-`gemm_bf16_sm90.cu` and `flash_attn_sm90.cu` are compiled unchanged by g++ against `prelude.h`
-(fibers, barriers), `ptx_sm90.cuh` (the stand-in for the real `cuda_backend/ptx_sm90.cuh`) and
-`hopper.cuh`: models of wgmma.mma_async, the wgmma matrix descriptor and swizzle modes, mbarrier,
-tensor maps and cp.async.bulk.tensor, setmaxnreg, written from the PTX ISA and the driver API
-documentation (see hopper.cuh's header for what each model does and checks). `gemm` and
-`attention` have the API of `launchers.gemm` / `launchers.attention` (NumPy arrays, bf16 as uint16
-bits); their tensor maps are encoded by the model of cuTensorMapEncodeTiled from the parameters in
-`cuda_backend/tensor_maps.py`. The `probe_*`-style functions expose each model for the layout tests
+`gemm_bf16_sm90.cu` and `flash_attn_sm90.cu` run only through the real `hopper_launchers` on the emulated
+device (`emulation.device`), which compiles them unchanged by g++ against `prelude.h` (fibers, barriers),
+`ptx_sm90.cuh` (the stand-in for the real `cuda_backend/ptx_sm90.cuh`) and `hopper.cuh`: models of
+wgmma.mma_async, the wgmma matrix descriptor and swizzle modes, mbarrier, tensor maps and
+cp.async.bulk.tensor, setmaxnreg, written from the PTX ISA and the driver API documentation (see
+hopper.cuh's header for what each model does and checks). `gemm`, `attention` and `array_module` are
+`hopper_launchers`' on that device from NumPy (`emulation.OnEmulator`; bf16 as uint16 bits), so this
+module stands in for `hopper_launchers` where a launcher module is named (the pre-flight, gpu_check).
+The probe library (`library`, `hopper_driver.cpp`) exposes each model for the layout tests
 (tests/test_hopper_layouts.py). A misuse the models catch aborts the process with a message on
 stderr, so tests of misuse call `run_forked`.
 """
@@ -22,16 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
+from moonvit_kernels.cuda_backend import hopper_launchers
 from moonvit_kernels.cuda_backend import sources as kcuda
-from moonvit_kernels.cuda_backend import tensor_maps
-from moonvit_kernels.tools.emulation import build, device
+from moonvit_kernels.tools.emulation import OnEmulator, build
 from moonvit_kernels.tools.emulation.tensor_map_encoder import encode_tiled_driver  # noqa: F401 (API)
 
 HERE = Path(__file__).resolve().parent
-KERNEL_FILES = ("gemm_bf16_sm90.cu", "flash_attn_sm90.cu", "common.cuh", "sm90.cuh")
-# compiled as they are; tensor_maps.py (the maps' parameters) is used from Python, as a GPU launcher would
-STANDINS = ("prelude.h", "cuda_bf16.h", "hopper.cuh", "ptx_sm90.cuh", "hopper_driver.cpp")
-_DYNAMIC_SMEM = "extern __shared__ __align__(16) unsigned char smem_raw[];"
+STANDINS = ("prelude.h", "cuda_bf16.h", "hopper.cuh", "ptx_sm90.cuh")
 SMEM_BASE = 0x400  # shared address of dynamic shared memory's first byte in the model (hopper.cuh): 1024-aligned
 SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}  # span in bytes -> descriptor bits 62..63
 
@@ -44,11 +42,12 @@ _p = ctypes.c_void_p
 @functools.cache
 def library() -> ctypes.CDLL:
     """Build (once per source version, cached; `build.build_library`) and load (`build.load`) the Hopper
-    model probes (`hopper_driver.cpp`) with both sm90 kernels compiled in."""
-    files = {name: build.for_emulator((kcuda.KERNEL_DIR / name).read_text(encoding="utf-8")) for name in KERNEL_FILES}
-    files["hopper_driver.cpp"] = (HERE / "hopper_driver.cpp").read_text(encoding="utf-8")
-    standins = tuple(n for n in STANDINS if n != "hopper_driver.cpp")
-    lib = build.load(build.build_library(files, "hopper_driver.cpp", standins=standins, tag="hopper_probes"))
+    model probes (`hopper_driver.cpp`), against the kernels' own `sm90.cuh` (tensor map, descriptor encoder)."""
+    files = {
+        "hopper_driver.cpp": (HERE / "hopper_driver.cpp").read_text(encoding="utf-8"),
+        "sm90.cuh": (kcuda.KERNEL_DIR / "sm90.cuh").read_text(encoding="utf-8"),
+    }
+    lib = build.load(build.build_library(files, "hopper_driver.cpp", standins=STANDINS, tag="hopper_probes"))
     lib.hop_desc_encode.restype = _u64
     lib.hop_desc_encode.argtypes = [_u, _u, _u, _i]
     lib.hop_desc_decode.argtypes = [_u64, _p]
@@ -65,148 +64,18 @@ def _ptr(a: np.ndarray) -> ctypes.c_void_p:
     return ctypes.c_void_p(a.ctypes.data)
 
 
-# ============================================================================ the kernel
-_EPI = kcuda.EPILOGUES
+# ============================================================================ the kernels
+LAUNCHERS = OnEmulator(hopper_launchers)  # hopper_launchers on the emulated device, NumPy in and out
+gemm = LAUNCHERS.gemm
+attention = LAUNCHERS.attention
+array_module = LAUNCHERS.array_module
 
 
-def array_module():
-    """NumPy: the emulated kernels take host arrays (the launchers' `array_module` on a GPU is CuPy)."""
-    return np
-
-
-def _hopper_launchers():
-    from moonvit_kernels.cuda_backend import hopper_launchers
-
-    return hopper_launchers
-
-
-def gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32", fault: int = 0, block_n: int = 128):
-    """hopper_launchers.gemm on the emulated device (sm_90), NumPy in and out; bf16 operands as uint16
-    bits, K % 8 == 0 (TMA row pitches). `block_n`: the kernel's BN (128 or 256). `fault=1` plants a bug
-    for tests of a self-check: B is read 8 elements late (its tensor map starts 16 bytes past B)."""
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    with device.activated():
-        b_dev = device.asarray(b)
-        if fault == 1:
-            shifted = device.empty(b.size + 8, b.dtype)
-            shifted[: b.size] = b.reshape(-1)
-            b_dev = shifted[8:].reshape(b.shape)
-        up = lambda x: None if x is None else device.asarray(np.ascontiguousarray(x))
-        got = _hopper_launchers().gemm(
-            device.asarray(a), b_dev, epilogue=epilogue, residual=up(residual), out=up(out), out_dtype=out_dtype,
-            block_n=block_n,
-        )  # fmt: skip
-        host = got.get()
-    if out is not None:
-        out[...] = host
-        return out
-    return host
-
-
-ATTENTION_HEAD_DIMS = tuple(range(8, kcuda.HOPPER_MAX_HEAD_DIM + 1, 8))  # flash_attn_sm90's head dims
-
-
-def attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
-    """hopper_launchers.attention on the emulated device: (out [L, H·hd] bf16 bits, lse [L, H])."""
-    with device.activated():
-        cu_dev = None if cu_seqlens_device is None else device.asarray(np.asarray(cu_seqlens_device, np.int32))
-        o, lse = _hopper_launchers().attention(
-            device.asarray(np.ascontiguousarray(qkv)), np.asarray(cu_seqlens), num_heads, head_dim, cu_dev
-        )
-        return o.get(), lse.get()
-
-
-def _model_map(m: tensor_maps.TiledMap, address: int) -> np.ndarray:
-    """`m` for a tensor at `address`, encoded by the model of cuTensorMapEncodeTiled (a 64-byte aligned view)."""
-    buf = np.zeros(256, np.uint8)
-    view = buf[(-buf.ctypes.data) % 64 :][:128]
-    d = np.asarray(m.dims, np.uint64)
-    s = np.asarray(list(m.strides) or [0], np.uint64)
-    bx = np.asarray(m.box, np.uint32)
-    why = ctypes.create_string_buffer(200)
-    rc = library().hop_encode_tiled(
-        _ptr(view),
-        _u(2),
-        _u(len(d)),
-        ctypes.c_void_p(address),
-        _ptr(d),
-        _ptr(s),
-        _ptr(bx),
-        _i(m.swizzle),
-        _i(0),
-        why,
-        _i(200),
-    )
-    if rc:
-        raise ValueError(f"tensor map {m} rejected: {why.value.decode()}")
-    return view
-
-
-def probe_gemm(a, b, *, epilogue="none", residual=None, out=None, out_dtype="float32", fault: int = 0, block_n=128):
-    """gemm_bf16_sm90 through the probe library's fixed entry point (`library().hop_gemm_sm90`), NumPy in and out.
-
-    For the model tests that swap `library` for a planted build (tests/test_hopper_fidelity.py); everything
-    else launches through the real launchers (`gemm`)."""
-    if a.dtype != np.uint16 or b.dtype != np.uint16:
-        raise ValueError("gemm_bf16_sm90 takes bf16 operands (uint16 bits)")
-    M, K = a.shape
-    N, K2 = b.shape
-    if K != K2:
-        raise ValueError(f"gemm: inner dimensions differ (A has K={K}, B has K={K2})")
-    if epilogue not in _EPI:
-        raise ValueError(f"unknown epilogue {epilogue!r}; known: {', '.join(_EPI)}")
-    map_a = _model_map(tensor_maps.gemm_operand_map(M, K), _ptr(a).value)
-    map_b = _model_map(tensor_maps.gemm_operand_map(N, K, block_n), _ptr(b).value + (16 if fault == 1 else 0))
-    if out is None:
-        out = np.full((M, N), np.nan, np.float32) if out_dtype == "float32" else np.full((M, N), 0x7FC0, np.uint16)
-    r = out if residual is None else residual
-    rc = library().hop_gemm_sm90(
-        _i(out.dtype == np.uint16),
-        _i(_EPI[epilogue]),
-        _i(block_n),
-        _ptr(map_a),
-        _ptr(map_b),
-        _ptr(out),
-        _ptr(r),
-        _i(M),
-        _i(N),
-        _i(K),
-    )
-    if rc:
-        raise RuntimeError(f"gemm_bf16_sm90 emulation failed (rc={rc})")
-    return out
-
-
-PROBE_HEAD_DIMS = (24, 64, 72, 128)  # flash_attn_sm90 instantiations in hopper_driver.cpp
-
-
-def probe_attention(qkv, cu_seqlens, num_heads, head_dim, cu_seqlens_device=None):
-    """flash_attn_sm90 through the probe library's fixed entry point (see `probe_gemm`): (out, lse)."""
-    if head_dim not in PROBE_HEAD_DIMS:
-        raise ValueError(f"the Hopper emulation is built for head dims {PROBE_HEAD_DIMS}, not {head_dim}")
-    if qkv.dtype != np.uint16:
-        raise ValueError("flash_attn_sm90 takes bf16 qkv (uint16 bits)")
-    L = qkv.shape[0]
-    if qkv.shape[1] != 3 * num_heads * head_dim:
-        raise ValueError(f"qkv has {qkv.shape[1]} columns, expected 3 * {num_heads} * {head_dim}")
-    cu = np.ascontiguousarray(cu_seqlens if cu_seqlens_device is None else cu_seqlens_device, dtype=np.int32)
-    out = np.full((L, num_heads * head_dim), 0x7FC0, np.uint16)
-    lse = np.full((L, num_heads), np.nan, np.float32)
-    sw, raw = (_model_map(m, _ptr(qkv).value) for m in tensor_maps.attention_qkv_maps(L, num_heads, head_dim))
-    rc = library().hop_attention_sm90(
-        _i(head_dim),
-        _ptr(sw),
-        _ptr(raw),
-        _ptr(out),
-        _ptr(lse),
-        _ptr(cu),
-        _i(cu.size - 1),
-        _i(int(np.max(np.diff(cu)))),
-        _i(num_heads),
-    )
-    if rc:
-        raise RuntimeError(f"flash_attn_sm90 emulation failed (rc={rc})")
-    return out, lse
+def read_late(b: np.ndarray, elements: int = 8) -> np.ndarray:
+    """`b` as the GEMM reads it when B's tensor map starts `elements` past B (the self-checks' planted
+    mismatch, `gemm(a, read_late(b))`): every element `elements` later in memory, the last ones zero."""
+    flat = np.ascontiguousarray(b).reshape(-1)
+    return np.concatenate([flat[elements:], np.zeros(elements, b.dtype)]).reshape(b.shape)
 
 
 # ============================================================================ probes of the models

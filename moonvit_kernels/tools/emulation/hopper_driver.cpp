@@ -1,9 +1,8 @@
-// hopper_driver.cpp — C entry points (ctypes) for the Hopper kernels on the CPU emulator, and small
-// probes that expose each model of hopper.cuh on its own for the layout tests (descriptor bits,
-// swizzle, K-major addressing, bulk tensor copies, mbarrier phases, the wgmma accumulator fragment,
-// setmaxnreg). Built by emulation/hopper.py with prelude.h force-included.
-#include "gemm_bf16_sm90.cu"
-#include "flash_attn_sm90.cu"
+// hopper_driver.cpp — small probes (ctypes) that expose each model of hopper.cuh on its own for the
+// layout tests (descriptor bits, swizzle, K-major addressing, bulk tensor copies, mbarrier phases, the
+// wgmma accumulator fragment, setmaxnreg). Built by emulation/hopper.py with prelude.h force-included.
+#include "ptx_sm90.cuh"
+#include "sm90.cuh"
 
 namespace hx = emu::hopper;
 
@@ -13,78 +12,9 @@ unsigned char* aligned_smem() {
   unsigned char* raw = emu::dynamic_smem();
   return raw + ((1024u - (hx::smem_addr(raw) & 1023u)) & 1023u);
 }
-
-// The tensor maps come encoded (by the model of cuTensorMapEncodeTiled, from the parameters in
-// cuda_backend/tensor_maps.py), as a GPU launcher passes them.
-template <typename OutT, int EPI, int BN>
-int gemm_sm90_launch(const void* map_a, const void* map_b, void* C, const void* R, int M, int N, int K) {
-  using Cfg = GemmSm90Cfg<BN>;
-  TmaMap ma, mb;
-  std::memcpy(&ma, map_a, sizeof ma);
-  std::memcpy(&mb, map_b, sizeof mb);
-  const int regs_at_entry = 168;  // __launch_bounds__(384, 1): 65536 / 384 rounded down to a multiple of 8
-  hx::launch_async(dim3{unsigned((N + BN - 1) / BN), unsigned((M + Cfg::BM - 1) / Cfg::BM), 1},
-                   dim3{Cfg::THREADS, 1, 1}, Cfg::SMEM_BYTES, regs_at_entry,
-                   [&] { gemm_bf16_sm90<OutT, EPI, BN>(ma, mb, (OutT*)C, (const OutT*)R, M, N, K); });
-  return 0;
-}
-template <typename T, int BN>
-int gemm_sm90_dispatch(int epi, const void* ma, const void* mb, void* C, const void* R, int M, int N, int K) {
-  switch (epi) {
-    case 0: return gemm_sm90_launch<T, 0, BN>(ma, mb, C, R, M, N, K);
-    case 1: return gemm_sm90_launch<T, 1, BN>(ma, mb, C, R, M, N, K);
-    case 2: return gemm_sm90_launch<T, 2, BN>(ma, mb, C, R, M, N, K);
-    case 3: return gemm_sm90_launch<T, 3, BN>(ma, mb, C, R, M, N, K);
-  }
-  return 2;
-}
-template <int HD>
-int attn_sm90_launch(const void* map_sw, const void* map_raw, void* out, float* lse, const int* cu, int nitems,
-                     int max_len, int H) {
-  using Cfg = AttnSm90Cfg<HD>;
-  TmaMap sw, raw;
-  std::memcpy(&sw, map_sw, sizeof sw);
-  std::memcpy(&raw, map_raw, sizeof raw);
-  const float scale_log2 = (1.0f / std::sqrt((float)HD)) * 1.4426950408889634f;
-  hx::launch_async(dim3{unsigned((max_len + Cfg::BQ - 1) / Cfg::BQ), unsigned(H), unsigned(nitems)},
-                   dim3{Cfg::THREADS, 1, 1}, Cfg::SMEM_BYTES, 65536 / (Cfg::BLOCKS_PER_SM * Cfg::THREADS),
-                   [&] { flash_attn_sm90<HD>(sw, raw, (bf16*)out, lse, cu, H, scale_log2); });
-  return 0;
-}
 }  // namespace
 
 extern "C" {
-int hop_gemm_sm90(int out_bf16, int epi, int bn, const void* map_a, const void* map_b, void* C, const void* R, int M,
-                  int N, int K) {
-  if (bn == 256)
-    return out_bf16 ? gemm_sm90_dispatch<bf16, 256>(epi, map_a, map_b, C, R, M, N, K)
-                    : gemm_sm90_dispatch<float, 256>(epi, map_a, map_b, C, R, M, N, K);
-  return out_bf16 ? gemm_sm90_dispatch<bf16, 128>(epi, map_a, map_b, C, R, M, N, K)
-                  : gemm_sm90_dispatch<float, 128>(epi, map_a, map_b, C, R, M, N, K);
-}
-int hop_attention_sm90(int hd, const void* map_sw, const void* map_raw, void* out, float* lse, const int* cu,
-                       int nitems, int max_len, int H) {
-  switch (hd) {
-    case 24: return attn_sm90_launch<24>(map_sw, map_raw, out, lse, cu, nitems, max_len, H);
-    case 64: return attn_sm90_launch<64>(map_sw, map_raw, out, lse, cu, nitems, max_len, H);
-    case 72: return attn_sm90_launch<72>(map_sw, map_raw, out, lse, cu, nitems, max_len, H);
-    case 128: return attn_sm90_launch<128>(map_sw, map_raw, out, lse, cu, nitems, max_len, H);
-  }
-  return 2;
-}
-
-// The kernels' dynamic shared memory (kind 0: GEMM with BN = param, 1: attention with HD = param).
-int hop_smem_bytes(int kind, int param) {
-  if (kind == 0) return param == 256 ? GemmSm90Cfg<256>::SMEM_BYTES : GemmSm90Cfg<128>::SMEM_BYTES;
-  switch (param) {
-    case 24: return AttnSm90Cfg<24>::SMEM_BYTES;
-    case 64: return AttnSm90Cfg<64>::SMEM_BYTES;
-    case 72: return AttnSm90Cfg<72>::SMEM_BYTES;
-    case 128: return AttnSm90Cfg<128>::SMEM_BYTES;
-  }
-  return -1;
-}
-
 // ---------------------------------------------------------------- pure functions
 unsigned long long hop_desc_encode(unsigned addr, unsigned lbo, unsigned sbo, int mode) {
   return wgmma_desc(addr, lbo, sbo, mode);  // the kernels' encoder (sm90.cuh)
