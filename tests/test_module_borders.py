@@ -218,6 +218,69 @@ def test_the_border_check_sees_a_crossing(tmp_path):
     )
 
 
+# ============================================================================ every own import resolves
+def top_level_names(path: Path) -> set[str]:
+    """Names a module binds at its top level (defs, classes, assignments, imports, also inside top-level if/try)."""
+    names = set()
+    for stmt in ast.parse(path.read_text(encoding="utf-8")).body:
+        nodes = ast.walk(stmt) if isinstance(stmt, (ast.If, ast.Try)) else [stmt]
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def unresolved_imports(package: Path) -> list[str]:
+    """Imports of the package's own modules, anywhere in a file (inside functions too), that name a module or a
+    top-level name that does not exist: "file:line what"."""
+    modules, root = module_files(package), package.name
+    found = []
+    for name, (path, is_package) in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found += [f"{path.name}:{node.lineno} import {a.name}" for a in node.names
+                          if a.name.split(".")[0] == root and a.name not in modules]  # fmt: skip
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(node.module, node.level, name, is_package)
+                if base.split(".")[0] != root:
+                    continue
+                if base not in modules:
+                    found.append(f"{path.name}:{node.lineno} from {base}: no such module")
+                    continue
+                names = top_level_names(modules[base][0])
+                found += [f"{path.name}:{node.lineno} from {base} import {a.name}" for a in node.names
+                          if a.name != "*" and a.name not in names and f"{base}.{a.name}" not in modules]  # fmt: skip
+    return found
+
+
+def test_every_import_of_the_package_resolves_lazy_ones_included():
+    """Code that only a GPU runs (gpu_check's device paths, CuPy branches) imports lazily, inside functions, and is
+    never executed here: a moved or renamed module would break it only on a GPU. Resolved without importing."""
+    assert unresolved_imports(PACKAGE) == []
+
+
+def test_the_import_resolver_sees_stale_lazy_imports(tmp_path):
+    pkg = _write(
+        tmp_path / "pkg",
+        {
+            "__init__.py": "",
+            "a.py": "X = 1\ndef f():\n    from pkg.old_place import g\n    from .b import missing, Y\n",
+            "b.py": "try:\n    Y = 2\nexcept ImportError:\n    pass\n",
+            "c.py": "import pkg.a\nimport pkg.gone\nfrom . import a, b\n",
+        },
+    )
+    assert unresolved_imports(pkg) == [
+        "a.py:3 from pkg.old_place: no such module",
+        "a.py:4 from pkg.b import missing",
+        "c.py:2 import pkg.gone",
+    ]
+
+
 def package_folders(package: Path) -> list[Path]:
     """Every folder under `package` (itself included) that holds Python files."""
     return sorted({p.parent for p in package.rglob("*.py") if "__pycache__" not in p.parts})
