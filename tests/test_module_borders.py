@@ -3,6 +3,7 @@ apart from the tools, every package folder a real package, `weights` never reach
 remote" decided in one place."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -264,7 +265,29 @@ def test_every_import_of_the_package_resolves_lazy_ones_included():
     assert unresolved_imports(PACKAGE) == []
 
 
-def test_the_import_resolver_sees_stale_lazy_imports(tmp_path):
+def unresolved_module_strings(package: Path) -> list[str]:
+    """String constants that are a dotted name under the package (a module handed to `python -m`, `importlib`, a
+    subprocess) naming no module and no top-level name of one: "file:line name"."""
+    modules, root = module_files(package), package.name
+    found = []
+    for path, _ in modules.values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            dotted = node.value
+            if not re.fullmatch(rf"{root}(\.\w+)+", dotted) or dotted in modules:
+                continue
+            owner, _, attr = dotted.rpartition(".")
+            if owner not in modules or attr not in top_level_names(modules[owner][0]):
+                found.append(f"{path.name}:{node.lineno} {dotted}")
+    return found
+
+
+def test_every_module_named_in_a_string_exists():
+    assert unresolved_module_strings(PACKAGE) == []
+
+
+def test_the_resolvers_see_stale_lazy_imports_and_module_names(tmp_path):
     pkg = _write(
         tmp_path / "pkg",
         {
@@ -272,8 +295,10 @@ def test_the_import_resolver_sees_stale_lazy_imports(tmp_path):
             "a.py": "X = 1\ndef f():\n    from pkg.old_place import g\n    from .b import missing, Y\n",
             "b.py": "try:\n    Y = 2\nexcept ImportError:\n    pass\n",
             "c.py": "import pkg.a\nimport pkg.gone\nfrom . import a, b\n",
+            "d.py": "RUN = ['-m', 'pkg.old.worker']\nOK = ('pkg.a', 'pkg.a.X', 'pkg.b.Z', 'a pkg.gone text')\n",
         },
     )
+    assert unresolved_module_strings(pkg) == ["d.py:1 pkg.old.worker", "d.py:2 pkg.b.Z"]
     assert unresolved_imports(pkg) == [
         "a.py:3 from pkg.old_place: no such module",
         "a.py:4 from pkg.b import missing",
