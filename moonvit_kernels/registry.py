@@ -1,9 +1,10 @@
 """The one registry of kernel instantiations, numba and CUDA C (the sm_90a Hopper ones included).
 
 Every tool derives its list from `REGISTRY`: the CUDA C catalogue (`cuda_backend.sources.kernel_specs`,
-`hopper_specs`, `specs_for`), the numba compile tier (`numba_backend.compile_check`) and the launch checks'
-register tables (`numba_backend.registers`), the X-ray's model of each kernel (`xray.catalogue.describe`)
-and which trace stands for it (`xray.jobs_numba`, `xray.emulator_trace`). Adding a kernel version means
+`hopper_specs`, `specs_for`), the numba compile tier (`tools.compile_check`) and the launch checks'
+register tables (`numba_backend.registers`), the X-ray's model of each kernel (`tools.xray.catalogue.describe`)
+and which trace stands for it (`tools.xray.jobs_numba`, `tools.xray.emulator_trace`), the kernel a CUDA C launcher
+runs (`running`). Adding a kernel version means
 writing the kernel and appending its entry here.
 
 An entry (`KernelEntry`) says
@@ -13,6 +14,9 @@ An entry (`KernelEntry`) says
     Python function name) and `specialisation` (what the label adds: epilogue, head dim, dtypes);
   - where its code is: CUDA C `source` (.cu file) and `name` (the C++ name expression, template arguments
     included) and `archs` (the only architectures it builds for; () = every one without an "a" suffix);
+    `replaces`: the label of the CUDA C instantiation whose launches this newer version takes over (same file,
+    same parameters and grid; its own block size and shared memory): the launchers run the newest
+    (`running`), the older one stays compiled and listed;
     numba `module` (of numba_backend), `kernel` (the module attribute that gives the kernel: a function
     called with `args`, a dict indexed by them, or the kernel itself) and `signature` (the module attribute
     holding its numba signature);
@@ -27,7 +31,8 @@ An entry (`KernelEntry`) says
 
 What a new kernel version needs besides its kernel file is its entry here (and its stage test): the compile
 tiers, the register tables, the SASS budgets, the X-ray (model, trace), the notebooks' prediction tables and
-gpu_check's timed versions (`versions`) all read this list.
+gpu_check's timed versions (`versions`; a CUDA C version through the launchers, which run `running(label)`) all
+read this list.
 
 Attention entries of the CUDA C backend exist per head dim: `PerHeadDim` makes one for each head dim asked
 (`entries(head_dims)`); every other entry is fixed. Nothing here imports numba or a CUDA compiler.
@@ -76,6 +81,7 @@ class KernelEntry:
     source: str = ""
     name: str = ""
     archs: tuple[str, ...] = ()
+    replaces: str = ""  # the label whose launch this newer version takes over (same file, same parameters)
     # numba
     module: str = ""
     kernel: str = ""
@@ -98,6 +104,8 @@ class KernelEntry:
         if self.backend == "cuda":
             if self.source not in cu.SOURCES or not self.name:
                 raise ValueError(f"{where}: a CUDA C entry needs a source in {cu.SOURCES} and a C++ name")
+        elif self.replaces:
+            raise ValueError(f"{where}: a numba version is chosen by its number, not by `replaces`")
         else:
             if not (self.module and self.kernel and self.signature):
                 raise ValueError(f"{where}: a numba entry needs its module, kernel and signature attributes")
@@ -472,6 +480,35 @@ def find(backend: str, label: str) -> KernelEntry | None:
     """The entry of `backend` called `label` (attention at any head dim the kernels support), None if none is."""
     index = _memo(("find", backend), lambda: {e.label: e for e in entries(ALL_HEAD_DIMS, backend)})
     return index.get(label)
+
+
+def running(label: str) -> KernelEntry:
+    """The CUDA C entry the launchers run where `label`'s kernel is asked for: the newest version that takes
+    its launch over (following `replaces`), else `label`'s own. ValueError when no CUDA C entry is `label`, or
+    when a replacing entry lives in another file, belongs to another stage or has a rival."""
+    entry = find("cuda", label)
+    if entry is None:
+        raise ValueError(f"no CUDA C kernel is called {label!r}")
+    successors = _memo(("replaced by",), _replacements)
+    while entry.label in successors:
+        entry = successors[entry.label]
+    return entry
+
+
+def _replacements() -> dict[str, KernelEntry]:
+    """{replaced label: the entry that replaces it}, each replacement checked against what it replaces."""
+    out: dict[str, KernelEntry] = {}
+    for e in entries(ALL_HEAD_DIMS, "cuda", lambda e: bool(e.replaces)):
+        old = find("cuda", e.replaces)
+        where = f"registry entry {e.label} replaces {e.replaces!r}"
+        if old is None:
+            raise ValueError(f"{where}: no CUDA C entry has that label")
+        if (old.stage, old.source) != (e.stage, e.source):
+            raise ValueError(f"{where}: a version replaces one of its own stage and file ({old.stage}, {old.source})")
+        if e.replaces in out:
+            raise ValueError(f"{where}: {out[e.replaces].label} replaces it too")
+        out[e.replaces] = e
+    return out
 
 
 def numba_entries(modules: Iterable[str] | None = None) -> list[KernelEntry]:

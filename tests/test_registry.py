@@ -354,3 +354,124 @@ def test_every_entry_names_a_check_case_with_a_want():
     bad = dataclasses.replace(registry.entries()[0], check="no_such_stage")
     with pytest.raises(ValueError, match="check case 'no_such_stage' has no checks.no_such_stage_want"):
         bad.want()
+
+
+# ============================================================================ a CUDA C version
+def _rmsnorm_v2_source(kernel_dir: Path, scale: str = "") -> str:
+    """`kernel_dir`'s rmsnorm.cu with a real second version appended: the same algorithm at 128 threads a block
+    (the row's block sum over 4 warps), written as a contributor would; `scale` plants a fault in its store."""
+    text = (kernel_dir / "rmsnorm.cu").read_text(encoding="utf-8")
+    start = text.index("template <typename InT, typename OutT>")
+    v2 = (
+        text[start:]
+        .replace("__launch_bounds__(256)", "__launch_bounds__(128)")
+        .replace("rmsnorm_rows(", "rmsnorm_rows_v2(")
+    )
+    v2 = v2.replace("v.x * r * g.x,", f"v.x * r * g.x{scale},").replace("* r * w[i]);", f"* r * w[i]{scale});")
+    for name in ("float, float", "float, __nv_bfloat16", "__nv_bfloat16, float", "__nv_bfloat16, __nv_bfloat16"):
+        assert f"rmsnorm_rows<{name}>" == sources.rmsnorm_name(*[("float32" if t == "float" else "bfloat16")
+                                                                  for t in name.split(", ")])  # fmt: skip
+    return text + "\n// v2: 128 threads a block (four warps reduce a row)\n" + v2
+
+
+@pytest.mark.skipif(
+    __import__("moonvit_kernels.tools.emulation", fromlist=["x"]).compiler() is None,
+    reason="no C++ compiler (g++ >= 11) for the CUDA C emulator",
+)
+def test_adding_a_cuda_c_version_is_all_it_takes(monkeypatch, tmp_path):
+    """What a contributor changes for a CUDA C rmsnorm v2: its kernel file (the kernel appended to rmsnorm.cu) and
+    one registry entry that `replaces` v1's fp32 -> bf16 instantiation. From that alone: the compile tier's list,
+    notebook 02's prediction table, the launcher (it runs v2 at 128 threads, checked against the reference on the
+    emulated device; a fault planted in v2 fails) and gpu_check's case (named by v2's label, run and checked)."""
+    import numpy as np
+
+    from moonvit_kernels import reference
+    from moonvit_kernels.cuda_backend import launchers
+    from moonvit_kernels.tools import emulation
+    from moonvit_kernels.tools.emulation import device
+    from moonvit_kernels.tools.gpu_check import kernels as gpu_kernels
+    from moonvit_kernels.weights import bf16_bits_to_float32
+
+    kernel_dir = sources.KERNEL_DIR
+
+    def with_kernel_file(text: str) -> None:
+        folder = tmp_path / f"kernels{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        for path in kernel_dir.glob("*.cu*"):
+            (folder / path.name).write_bytes(path.read_bytes())
+        (folder / "rmsnorm.cu").write_text(text, encoding="utf-8")
+        monkeypatch.setattr(sources, "KERNEL_DIR", folder)
+        launchers._kernel.cache_clear()
+        launchers._module.cache_clear()
+
+    v1_name = sources.rmsnorm_name("float32", "bfloat16")
+    v2 = registry.KernelEntry(
+        "cuda", "rmsnorm", "CUDA v2", "rmsnorm_rows_v2_f32_bf16", 128, registry.REG_SMALL, lm.rmsnorm(4, 2),
+        specialisation="f32->bf16", source="rmsnorm.cu", name=v1_name.replace("rmsnorm_rows<", "rmsnorm_rows_v2<"),
+        notebook="02", replaces="rmsnorm_rows_f32_bf16",
+    )  # fmt: skip
+    monkeypatch.setattr(registry, "REGISTRY", [*registry.REGISTRY, v2])
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((5, 1000)) * 2 + 0.3).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, 1000).astype(np.float32)
+    want = reference.rmsnorm(x.astype(np.float64), w.astype(np.float64), 1e-6)
+
+    def launched() -> np.ndarray:
+        return bf16_bits_to_float32(emulation.run(launchers.rmsnorm, x, w, 1e-6, out_dtype="bfloat16"))
+
+    try:
+        # compiled and budgeted (the compile tier's list) and predicted in notebook 02
+        assert v2.spec in registry.specs_for("sm_90") and v2.spec in registry.specs_for("sm_80")
+        assert ("cuda", v2.label) in registry.notebook_kernels("02")
+        assert registry.running("rmsnorm_rows_f32_bf16") is v2
+        assert registry.running("rmsnorm_rows_f32_f32").label == "rmsnorm_rows_f32_f32"
+        # run by the launcher at its launch shape, on the emulated device, against the reference
+        with_kernel_file(_rmsnorm_v2_source(kernel_dir))
+        with device.activated():
+            kernel, spec = launchers._kernel(launchers._device_key(), "rmsnorm.cu", v1_name)
+        assert (spec.name, spec.threads) == (v2.name, 128)
+        assert np.max(np.abs(launched() - want)) <= 2.0**-8 * np.max(np.abs(want))
+        # gpu_check times it under its own label, and its check passes
+        grid = np.array([[1, 4, 6]])
+        cases = dict(gpu_kernels.cuda_cases(emulation.OnEmulator(launchers), VisionConfig.tiny(), grid, ("qkv",)))
+        case = cases["cuda rmsnorm"]
+        assert case.info.model[0] == v2.label
+        run, check, _ = case.arrays()
+        err, tol = check(run)
+        assert err <= tol, (err, tol)
+        # a fault planted in v2 reaches the launcher's output
+        with_kernel_file(_rmsnorm_v2_source(kernel_dir, scale=" * 2.0f"))
+        assert np.max(np.abs(launched() - want)) > 0.5 * np.max(np.abs(want))
+    finally:
+        launchers._kernel.cache_clear()
+        launchers._module.cache_clear()
+
+
+def test_a_replacement_must_take_over_a_kernel_of_its_own_stage_and_file(monkeypatch):
+    with pytest.raises(ValueError, match="a numba version is chosen by its number"):
+        registry.KernelEntry("numba", "rope", "v2", "r2", 64, 64, lm.rope(4), module="rope", kernel="k",
+                             signature="S", registers={"numba-cuda": 1, "numba-cuda-mlir": 1},
+                             replaces="x")  # fmt: skip
+
+    def with_entry(**changes):
+        base = dict(backend="cuda", stage="rmsnorm", version="CUDA v2", label="rmsnorm_rows_v2_f32_f32", threads=128,
+                    max_registers=64, model=lm.rmsnorm(4, 4), source="rmsnorm.cu", name="rmsnorm_rows_v2<float, float>",
+                    replaces="rmsnorm_rows_f32_f32")  # fmt: skip
+        monkeypatch.setattr(
+            registry, "REGISTRY", [*registry._portable_entries(), registry.KernelEntry(**{**base, **changes})]
+        )
+
+    with_entry(replaces="no_such_kernel")
+    with pytest.raises(ValueError, match="replaces 'no_such_kernel': no CUDA C entry has that label"):
+        registry.running("rmsnorm_rows_f32_f32")
+    with_entry(source="merge.cu")
+    with pytest.raises(ValueError, match=r"a version replaces one of its own stage and file \(rmsnorm, rmsnorm.cu\)"):
+        registry.running("rmsnorm_rows_f32_f32")
+    with_entry()
+    assert registry.running("rmsnorm_rows_f32_f32").label == "rmsnorm_rows_v2_f32_f32"
+    rival = dataclasses.replace(registry.REGISTRY[-1], label="rmsnorm_rows_v3_f32_f32")
+    monkeypatch.setattr(registry, "REGISTRY", [*registry.REGISTRY, rival])
+    with pytest.raises(ValueError, match="rmsnorm_rows_v2_f32_f32 replaces it too"):
+        registry.running("rmsnorm_rows_f32_f32")
+    with pytest.raises(ValueError, match="no CUDA C kernel is called 'nothing'"):
+        registry.running("nothing")

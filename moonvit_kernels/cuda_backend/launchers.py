@@ -279,13 +279,14 @@ def _real_cupy_nvrtc_major() -> int | None:
 @functools.cache
 def _kernel(device: tuple[str, int], source: str, name: str, head_dim: int = 128) -> tuple[Any, kcuda.KernelSpec]:
     """The compiled kernel `name` from `source` on `device` (API, id: the current one) and its catalogue
-    entry, looked up once per device; kernels needing more than 48 KB of dynamic shared memory get
-    the attribute raised on that device."""
+    entry, looked up once per device; the newest version that replaces it runs instead (`registry.running`).
+    Kernels needing more than 48 KB of dynamic shared memory get the attribute raised on that device."""
     specs = [s for s in registry.kernel_specs((head_dim,)) if s.source == source]
     spec = next((s for s in specs if s.name == name), None)
     if spec is None:
         raise ValueError(f"{name} is not an instantiation of {source} in the kernel catalogue")
-    kernel = _module(device, source, tuple(s.name for s in specs)).get_function(name)
+    spec = registry.running(spec.label).spec
+    kernel = _module(device, source, tuple(s.name for s in specs)).get_function(spec.name)
     if spec.dynamic_smem > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = spec.dynamic_smem
     return kernel, spec

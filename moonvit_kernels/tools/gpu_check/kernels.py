@@ -30,6 +30,7 @@ import numpy as np
 
 from moonvit_kernels import launch_model as lm
 from moonvit_kernels import reference as ref
+from moonvit_kernels import registry
 from moonvit_kernels.checks import (
     attention_want,
     bf16_round,
@@ -528,7 +529,7 @@ def cuda_cases(k: Any, c: VisionConfig, grid: np.ndarray, gemm_names: tuple[str,
     mks, mode = c.merge_kernel_size, c.pos_emb_interpolation_mode
 
     def names(item: str, dtype: str, xray: str, seed: int) -> Names:
-        return Names(item, "CUDA C", dtype, xray, seed)
+        return Names(item, "CUDA C", dtype, registry.running(xray).label, seed)  # the version the launcher runs
 
     for name, operands in [(name, BF16) for name in gemm_names] + [("qkv", F32)]:
         epi = shapes[name][3]
