@@ -33,7 +33,8 @@ extern "C" __global__ void spins(float* x) { while (1) {} }
 extern "C" __global__ void null_store(float* x) {
   if (blockIdx.x == 1 && threadIdx.x == 3) *(volatile float*)nullptr = 1.0f;
 }
-extern "C" __global__ void far_store(float* x) { if (threadIdx.x == 7) x[1ll << 28] = 1.0f; }
+// 4 TiB below x: inside the address space, where nothing is mapped (1 GiB past x can land in a used worker's heap)
+extern "C" __global__ void far_store(float* x) { if (threadIdx.x == 7) x[-(1ll << 40)] = 1.0f; }
 extern "C" __global__ void aborts(float* x) { abort(); }
 extern "C" __global__ void traps(float* x) { if (blockIdx.x == 1) __trap(); }
 extern "C" __global__ void diverges(float* x) {
