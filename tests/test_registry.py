@@ -475,3 +475,20 @@ def test_a_replacement_must_take_over_a_kernel_of_its_own_stage_and_file(monkeyp
         registry.running("rmsnorm_rows_f32_f32")
     with pytest.raises(ValueError, match="no CUDA C kernel is called 'nothing'"):
         registry.running("nothing")
+
+
+def test_the_tools_reach_a_numba_kernel_only_through_its_registry_entry():
+    """One access protocol: the compile tier, the X-ray, gpu_check's builds take a numba kernel from
+    `KernelEntry.dispatcher()` / `python_function()`, never from a kernel module's own attribute (a dict of
+    versions, a factory, the kernel itself), so a new entry is reached the same way as every other."""
+    import ast
+
+    attributes = {e.kernel for e in registry.numba_entries()}
+    tools = Path(registry.__file__).parent / "tools"
+    found = [
+        f"{path.relative_to(tools)}:{node.lineno} .{node.attr}"
+        for path in sorted(tools.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute) and node.attr in attributes
+    ]
+    assert attributes >= {"KERNELS", "attention_v1_kernel", "rope2d_kernel"} and found == []

@@ -29,6 +29,17 @@ def _rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
 
+def _dispatcher(label: str) -> Any:
+    """The kernel of numba registry entry `label`, reached the one way every tool reaches a kernel
+    (`KernelEntry.dispatcher`)."""
+    from moonvit_kernels import registry
+
+    entry = registry.find("numba", label)
+    if entry is None:
+        raise ValueError(f"no numba registry entry is called {label!r}")
+    return entry.dispatcher()
+
+
 def _f32(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return rng.standard_normal(shape, dtype=np.float32)
 
@@ -46,7 +57,7 @@ def _gemm_job(version: int, M: int, N: int, K: int) -> TraceJob:
         def ok() -> bool:
             return bool(np.allclose(C, A.astype(np.float64) @ B.T + R, atol=1e-3, rtol=1e-3))
 
-        return gemm.KERNELS[(version, "residual")], blocks, threads, args, ["A", "B", "R", "C", "M", "N", "K"], ok
+        return _dispatcher(f"gemm_v{version}_residual"), blocks, threads, args, ["A", "B", "R", "C", "M", "N", "K"], ok
 
     return TraceJob(f"gemm_v{version}", f"M={M}, N={N}, K={K}, epilogue residual", launch)
 
@@ -64,7 +75,7 @@ def _attention_v1_job(hd: int, L: int) -> TraceJob:
         cu = np.array([0, L], np.int32)
         o = np.zeros((L, hd), np.float32)
         lse = np.zeros((L, 1), np.float32)
-        kernel = attention.attention_v1_kernel(hd, attention.V1_THREADS)
+        kernel = _dispatcher(f"attention_v1_hd{hd}_t{attention.V1_THREADS}")
         scale = np.float32(1 / np.sqrt(hd))
         return (
             kernel,
@@ -89,7 +100,7 @@ def _attention_v2_job(hd: int, L: int) -> TraceJob:
         tiles = attention.query_tiles(cu, bq)[:1]
         o = np.zeros((L, hd), np.float32)
         lse = np.zeros((L, 1), np.float32)
-        kernel = attention.attention_v2_kernel(hd, bq, bk)
+        kernel = _dispatcher(f"attention_v2_hd{hd}_q{bq}_k{bk}")
         scale = np.float32(1 / np.sqrt(hd))
         args = [qkv, cu, tiles, o, lse, scale]
         return kernel, (1, 1), (bk, bq), args, ["qkv", "cu_seqlens", "tiles", "o", "lse", ""], None
@@ -99,28 +110,26 @@ def _attention_v2_job(hd: int, L: int) -> TraceJob:
 
 def _rmsnorm_job(cols: int) -> TraceJob:
     def launch():
-        from moonvit_kernels.numba_backend import rmsnorm
 
         rng = _rng()
         x, w = _f32(rng, 1, cols), _f32(rng, cols)
         out, rstd = np.zeros_like(x), np.zeros(1, np.float32)
         t = 256
         args = [x, w, out, rstd, np.int32(1), np.int32(cols), np.float32(1e-6)]
-        return rmsnorm.kernel_for(t), 1, t, args, ["x", "weight", "out", "rstd", "", "", ""], None
+        return _dispatcher(f"rmsnorm_kernel_t{t}"), 1, t, args, ["x", "weight", "out", "rstd", "", "", ""], None
 
     return TraceJob("rmsnorm", f"one row of D={cols}, 256 threads", launch)
 
 
 def _rope_job(heads: int, hd: int) -> TraceJob:
     def launch():
-        from moonvit_kernels.numba_backend import rope
 
         rng = _rng()
         qkv = _qkv(rng, 2, heads, hd)
         g = np.array([[1, 1, 2]], np.int32)
         cu = np.array([0, 2], np.int32)
         args = [qkv, g, cu, np.int32(1), np.int32(2), np.int32(heads), np.int32(hd)]
-        return rope.rope2d_kernel, 1, 128, args, ["qkv", "grid_thws", "cu_seqlens", "", "", "", ""], None
+        return _dispatcher("rope2d_kernel"), 1, 128, args, ["qkv", "grid_thws", "cu_seqlens", "", "", "", ""], None
 
     return TraceJob("rope", f"token 0 of 2, H={heads}, hd={hd}, 128 threads", launch)
 
@@ -128,14 +137,13 @@ def _rope_job(heads: int, hd: int) -> TraceJob:
 def _merge_job(D: int) -> TraceJob:
     def launch():
         from moonvit_kernels.numba_backend import launch as nl
-        from moonvit_kernels.numba_backend import merge
 
         rng = _rng()
         x = _f32(rng, 4, D)
         items = nl.item_table([[1, 2, 2]], (2, 2))
         out = np.zeros((1, 4 * D), np.float32)
         args = [x, items, out, np.int32(1), np.int32(1), np.int32(D), np.int32(2), np.int32(2)]
-        return merge.merge_gather_kernel, 1, 128, args, ["x", "items", "out", "", "", "", "", ""], None
+        return _dispatcher("merge_gather_kernel"), 1, 128, args, ["x", "items", "out", "", "", "", "", ""], None
 
     return TraceJob("merge", f"one merged token, D={D}, 128 threads", launch)
 
@@ -152,7 +160,7 @@ def _pos_emb_job(mode: str, D: int) -> TraceJob:
         items = nl.item_table([[1, 2, 2]])
         args = [x, pos, time, items, np.int32(1), np.int32(4), np.int32(D), np.int32(8), np.int32(8)]
         names = ["x", "pos_weight", "time", "items", "", "", "", "", ""]
-        return pos_emb.KERNELS[mode], 1, 128, args, names, None
+        return _dispatcher(f"add_pos_emb_{mode}"), 1, 128, args, names, None
 
     return TraceJob(f"pos_emb_{mode}", f"token 0 of a 2x2 item, 8x8 grid, D={D}", launch)
 
